@@ -1,0 +1,110 @@
+"""Type ids and block layouts, written as data.
+
+Ids follow ggml's ``ggml.h`` (mirrored by gguf-py ``gguf/constants.py``) except ``I2_S``,
+which only exists in microsoft/BitNet's fork of ggml (bitnet.cpp) and is not in upstream.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+GGUF_DEFAULT_ALIGNMENT = 32
+
+
+class GGMLType(IntEnum):
+    """Tensor element types that bitformat reads or writes."""
+
+    F32 = 0
+    F16 = 1
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+    I2_S = 36  # microsoft/BitNet fork only; upstream ggml has no type 36
+
+
+class FileType(IntEnum):
+    """``general.file_type`` values for the ternary containers."""
+
+    MOSTLY_TQ1_0 = 36
+    MOSTLY_TQ2_0 = 37
+    MOSTLY_I2_S = 40  # fork value; upstream uses 40 for MOSTLY_Q1_0, see FORMATS.md 3.1
+
+
+#: (elements per block, bytes per block). Byte counts spelt out as the layout they hold.
+GGML_BLOCK_LAYOUT: dict[GGMLType, tuple[int, int]] = {
+    GGMLType.F32: (1, 4),
+    GGMLType.F16: (1, 2),
+    GGMLType.BF16: (1, 2),
+    GGMLType.I8: (1, 1),
+    GGMLType.I16: (1, 2),
+    GGMLType.I32: (1, 4),
+    GGMLType.I64: (1, 8),
+    GGMLType.F64: (1, 8),
+    GGMLType.TQ1_0: (256, 240 // 5 + 16 // 4 + 2),  # qs: 5 trits/byte, qh: 4/byte, f16 d = 54
+    GGMLType.TQ2_0: (256, 256 // 4 + 2),  # qs[64] (4 trits/byte) + f16 d = 66
+    GGMLType.I2_S: (128, 128 // 4),  # 32 bytes per 128 values, plus one 32-byte tail per tensor
+}
+
+I2_S_TAIL_BYTES = 32  # after the packed data: f32 scale in bytes 0..3, the rest zero
+
+NUMPY_DTYPE = {
+    GGMLType.F32: "<f4",
+    GGMLType.F16: "<f2",
+    GGMLType.BF16: "<u2",  # numpy has no bfloat16; kept as raw 16-bit words
+    GGMLType.I8: "i1",
+    GGMLType.I16: "<i2",
+    GGMLType.I32: "<i4",
+    GGMLType.I64: "<i8",
+    GGMLType.F64: "<f8",
+}
+
+
+def ggml_nbytes(ggml_type: GGMLType, n_elements: int) -> int:
+    """Bytes a tensor of ``n_elements`` values occupies; Python ints, never numpy."""
+    per_block, block_bytes = GGML_BLOCK_LAYOUT[ggml_type]
+    if n_elements % per_block:
+        raise ValueError(f"{n_elements} values do not divide into blocks of {per_block}")
+    size = n_elements // per_block * block_bytes
+    if ggml_type == GGMLType.I2_S:
+        size += I2_S_TAIL_BYTES
+    return size
+
+
+class ValueType(IntEnum):
+    """GGUF metadata value types."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+SCALAR_FORMAT = {
+    ValueType.UINT8: "<B",
+    ValueType.INT8: "<b",
+    ValueType.UINT16: "<H",
+    ValueType.INT16: "<h",
+    ValueType.UINT32: "<I",
+    ValueType.INT32: "<i",
+    ValueType.FLOAT32: "<f",
+    ValueType.BOOL: "<?",
+    ValueType.UINT64: "<Q",
+    ValueType.INT64: "<q",
+    ValueType.FLOAT64: "<d",
+}

@@ -1,0 +1,305 @@
+"""Whole model files: open any container, list its tensors, convert it to another.
+
+A bitformat container is one GGUF v3 file: the tokenizer, config, norms and the embedding
+travel unchanged, and each ternary matrix is stored in one encoding (see ``formats/``).
+Formats that are not GGML types record, per tensor::
+
+    bitformat.tensor.<name>.encoding   string   the format id
+    bitformat.tensor.<name>.shape      u64[2]   [rows, cols] of the logical matrix
+    bitformat.tensor.<name>.scale      f32      the per-tensor scale
+
+and every container written by bitformat carries ``bitformat.format`` (its encoding id) and
+``bitformat.version``. The Hugging Face export is a folder instead (``formats/hf.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .constants import GGMLType, ValueType
+from .errors import FormatError, MetadataError
+from .formats import FORMAT_IDS, get_format
+from .formats.base import TernaryFormat
+from .gguf_io import GGUFReader, GGUFWriter, MetaValue
+from .ternary import TernaryTensor
+
+CONTAINER_VERSION = 1
+TENSOR_KEY = "bitformat.tensor.{name}.{field}"
+NATIVE_TYPES = {GGMLType.I2_S: "i2_s", GGMLType.TQ2_0: "tq2_0", GGMLType.TQ1_0: "tq1_0"}
+
+#: GGUF names of the seven ternary projections of a BitNet block.
+TERNARY_NAME = re.compile(
+    r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+
+
+@dataclass
+class TensorEntry:
+    """One tensor of a model: a ternary matrix in some encoding, or a plain array."""
+
+    name: str
+    shape: tuple[int, ...]  # logical, numpy order ([rows, cols] for ternary matrices)
+    encoding: str  # a format id for ternary tensors, else the GGML type name ("F16", ...)
+    nbytes: int  # bytes it occupies in this container
+    ternary: bool
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=object))
+
+
+@dataclass
+class Model:
+    """An opened container: metadata, tensors in file order, and loaders for each."""
+
+    path: str
+    metadata: dict[str, MetaValue]
+    entries: list[TensorEntry]
+    container: str  # the format id of the ternary tensors ("mixed" if several)
+    _load_ternary: Callable[[str], TernaryTensor] = field(repr=False)
+    _load_plain: Callable[[str], tuple[GGMLType, np.ndarray]] = field(repr=False)
+    _close: Callable[[], None] = field(repr=False, default=lambda: None)
+
+    def entry(self, name: str) -> TensorEntry:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    def ternary(self, name: str) -> TernaryTensor:
+        """Decode one ternary matrix into the hub form."""
+        return self._load_ternary(name)
+
+    def plain(self, name: str) -> tuple[GGMLType, np.ndarray]:
+        """A non-ternary tensor: its GGML type and its raw bytes (uint8, read-only)."""
+        return self._load_plain(name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        mv = self.metadata.get(key)
+        return default if mv is None else mv.plain()
+
+    @property
+    def architecture(self) -> str:
+        return str(self.get("general.architecture", "unknown"))
+
+    def close(self) -> None:
+        self._close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_model(path: str | os.PathLike, *, i2s_variant: str = "x86") -> Model:
+    """Open a GGUF container or a Hugging Face BitNet folder.
+
+    ``i2s_variant`` picks the i2_s block layout ("x86", or "arm64" for files quantized by
+    ARM builds of bitnet.cpp since Nov 2025); files do not record it.
+    """
+    p = Path(path)
+    if p.is_dir():
+        from .formats import hf
+
+        return hf.open_hf(p)
+    return _open_gguf(p, i2s_variant)
+
+
+def _open_gguf(path: Path, i2s_variant: str) -> Model:
+    reader = GGUFReader(path)
+    spath = str(path)
+    entries: list[TensorEntry] = []
+    codecs: dict[str, tuple[TernaryFormat, int, int, float | None]] = {}
+    for info in reader.tensors.values():
+        enc_key = TENSOR_KEY.format(name=info.name, field="encoding")
+        if info.ggml_type in NATIVE_TYPES:
+            fid = NATIVE_TYPES[info.ggml_type]
+            fmt = get_format(fid) if fid != "i2_s" else _i2s(i2s_variant)
+            if len(info.shape) != 2:
+                raise FormatError(f"a {fid} tensor must be 2-D, got shape {info.shape}",
+                                  path=spath, tensor=info.name)
+            rows, cols = info.shape
+            codecs[info.name] = (fmt, rows, cols, None)
+            entries.append(TensorEntry(info.name, (rows, cols), fid, info.nbytes, True))
+        elif enc_key in reader.metadata:
+            fid, rows, cols, scale = _tensor_meta(reader, info.name)
+            try:
+                fmt = get_format(fid)
+            except ValueError:
+                raise MetadataError(f"unknown encoding {fid!r}", path=spath,
+                                    tensor=info.name) from None
+            if fmt.native:
+                raise MetadataError(f"encoding {fid!r} must be stored as GGML type "
+                                    f"{fmt.storage_type.name}", path=spath, tensor=info.name)
+            fmt.check_shape(rows, cols, info.name)
+            want = fmt.stored_shape(rows, cols)
+            if info.shape != want or info.ggml_type != fmt.storage_type:
+                raise FormatError(f"{fid} data of a {rows}x{cols} matrix must be "
+                                  f"{fmt.storage_type.name} {want}, found "
+                                  f"{info.ggml_type.name} {info.shape}", path=spath,
+                                  tensor=info.name)
+            codecs[info.name] = (fmt, rows, cols, scale)
+            entries.append(TensorEntry(info.name, (rows, cols), fid, info.nbytes, True))
+        else:
+            entries.append(TensorEntry(info.name, info.shape, info.ggml_type.name,
+                                       info.nbytes, False))
+
+    def load_ternary(name: str) -> TernaryTensor:
+        if name not in codecs:
+            raise KeyError(f"{name!r} is not a ternary tensor")
+        fmt, rows, cols, scale = codecs[name]
+        return fmt.decode(reader.raw(name), rows, cols, scale=scale, path=spath, name=name)
+
+    def load_plain(name: str) -> tuple[GGMLType, np.ndarray]:
+        return reader.tensors[name].ggml_type, reader.raw(name)
+
+    kinds = {e.encoding for e in entries if e.ternary}
+    container = kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "none")
+    return Model(spath, dict(reader.metadata), entries, container, load_ternary, load_plain,
+                 reader.close)
+
+
+def _i2s(variant: str) -> TernaryFormat:
+    from .formats.i2_s import I2S
+
+    return I2S(variant)
+
+
+def _tensor_meta(reader: GGUFReader, name: str) -> tuple[str, int, int, float]:
+    def need(fieldname: str, vtypes: tuple[ValueType, ...]) -> MetaValue:
+        key = TENSOR_KEY.format(name=name, field=fieldname)
+        mv = reader.metadata.get(key)
+        if mv is None:
+            raise MetadataError(f"missing metadata {key}", path=reader.path, tensor=name)
+        if mv.vtype not in vtypes:
+            raise MetadataError(f"metadata {key} has type {mv.vtype.name}",
+                                path=reader.path, tensor=name)
+        return mv
+
+    fid = need("encoding", (ValueType.STRING,)).value
+    shape = need("shape", (ValueType.ARRAY,))
+    if shape.item_type not in (ValueType.UINT64, ValueType.UINT32) or len(shape.value) != 2:
+        raise MetadataError("shape must be two unsigned integers [rows, cols]",
+                            path=reader.path, tensor=name)
+    rows, cols = (int(v) for v in shape.value)
+    scale = float(need("scale", (ValueType.FLOAT32,)).value)
+    if not np.isfinite(scale):
+        from .errors import InvalidScaleError
+
+        raise InvalidScaleError(f"scale is {scale}", path=reader.path, tensor=name)
+    return fid, rows, cols, scale
+
+
+# -- writing -------------------------------------------------------------------------------
+@dataclass
+class ConvertReport:
+    """What a conversion did: per tensor, the largest relative scale change it made."""
+
+    source: str
+    target: str
+    format_id: str
+    scale_changes: dict[str, float] = field(default_factory=dict)
+    tensors: int = 0
+    ternary_weights: int = 0
+    bytes_written: int = 0
+
+
+def output_metadata(src: dict[str, MetaValue], fmt: TernaryFormat) -> dict[str, MetaValue]:
+    """The target's metadata: the source's, less what described the old encoding.
+
+    Order is canonical (source order, then ``general.file_type``, then ``bitformat.*``), so
+    conversions between bitformat's own files are byte-for-byte reproducible.
+    """
+    meta = {k: v for k, v in src.items()
+            if k != "general.file_type" and not k.startswith("bitformat.")
+            and k != "general.alignment"}
+    if fmt.file_type is not None:
+        meta["general.file_type"] = MetaValue(ValueType.UINT32, int(fmt.file_type))
+    meta["bitformat.format"] = MetaValue(ValueType.STRING, fmt.format_id)
+    meta["bitformat.version"] = MetaValue(ValueType.UINT32, CONTAINER_VERSION)
+    return meta
+
+
+def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
+               allow_scale_rounding: bool = False,
+               progress: Callable[[TensorEntry], None] | None = None) -> ConvertReport:
+    """Write ``model`` as a GGUF container whose ternary tensors use ``fmt``.
+
+    Streams tensor by tensor. Every ternary tensor is checked (and its scales prepared) in a
+    first pass over shapes only where possible; any :class:`ScaleLossError` stops the
+    conversion before the output appears.
+    """
+    report = ConvertReport(model.path, str(out), fmt.format_id)
+    writer = GGUFWriter(str(out))
+    meta = output_metadata(model.metadata, fmt)
+    for e in model.entries:
+        if e.ternary:
+            rows, cols = e.shape
+            fmt.check_shape(rows, cols, e.name)
+            writer.add_tensor(e.name, fmt.stored_shape(rows, cols), fmt.storage_type,
+                              fmt.nbytes(rows, cols))
+        else:
+            gtype, _ = model.plain(e.name)
+            writer.add_tensor(e.name, e.shape, gtype, e.nbytes)
+    # Per-tensor metadata of non-native encodings needs each tensor's scale: a pre-pass
+    # that decodes scales only (cheap for every format) keeps the writer streaming.
+    if not fmt.native:
+        for e in model.entries:
+            if e.ternary:
+                t, _ = fmt.prepare(model.ternary(e.name), allow_scale_rounding)
+                rows, cols = e.shape
+                meta[TENSOR_KEY.format(name=e.name, field="encoding")] = MetaValue(
+                    ValueType.STRING, fmt.format_id)
+                meta[TENSOR_KEY.format(name=e.name, field="shape")] = MetaValue(
+                    ValueType.ARRAY, np.array([rows, cols], dtype=np.uint64), ValueType.UINT64)
+                meta[TENSOR_KEY.format(name=e.name, field="scale")] = MetaValue(
+                    ValueType.FLOAT32, float(t.scales[0]))
+    writer.metadata = meta
+
+    def blobs() -> Iterator[np.ndarray]:
+        for e in model.entries:
+            if e.ternary:
+                t, loss = fmt.prepare(model.ternary(e.name), allow_scale_rounding)
+                if loss:
+                    report.scale_changes[e.name] = loss
+                report.ternary_weights += t.rows * t.cols
+                data = fmt.encode(t)
+            else:
+                data = model.plain(e.name)[1]
+            report.tensors += 1
+            report.bytes_written += e.nbytes
+            if progress is not None:
+                progress(e)
+            yield data
+
+    writer.write(blobs())
+    return report
+
+
+def convert(source: str | os.PathLike, out: str | os.PathLike, format_id: str, *,
+            allow_scale_rounding: bool = False, i2s_variant: str = "x86",
+            progress: Callable[[TensorEntry], None] | None = None) -> ConvertReport:
+    """Convert the model at ``source`` into container ``format_id`` at ``out``.
+
+    ``out`` may be ``source`` itself: the new file replaces it only once complete.
+    """
+    model = open_model(source, i2s_variant=i2s_variant)
+    try:
+        if format_id == "hf":
+            from .formats import hf
+
+            return hf.write_hf(model, out, allow_scale_rounding=allow_scale_rounding,
+                               progress=progress)
+        if format_id not in FORMAT_IDS:
+            get_format(format_id)  # raises a clear "unknown format"
+        return write_gguf(model, out, get_format(format_id),
+                          allow_scale_rounding=allow_scale_rounding, progress=progress)
+    finally:
+        model.close()
