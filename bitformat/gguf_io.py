@@ -195,7 +195,10 @@ class GGUFReader:
     # -- parsing -------------------------------------------------------------------------
     def _parse(self) -> None:
         cur = _Cursor(self._mmap, self.path)
-        magic = bytes(cur.take(4, "the magic"))
+        magic = bytes(self._mmap[:4])
+        if len(magic) < 4 and GGUF_MAGIC.startswith(magic):
+            raise TruncatedError("file ends inside the magic", path=self.path)
+        cur.pos = 4
         if magic != GGUF_MAGIC:
             raise BadMagicError(f"not a GGUF file (starts with {magic!r}, expected b'GGUF')",
                                 path=self.path)

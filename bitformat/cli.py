@@ -1,0 +1,155 @@
+"""The ``bitformat`` command: click wiring only.
+
+Each command parses its options, calls one library function and renders the result. Heavy
+imports happen inside the command that needs them. This module is the one place where
+errors become messages and exit codes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import BitformatError
+
+CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "hf")
+
+
+def _friendly_errors(fn):
+    """Turn bitformat's errors into one-line messages (exit 1) and Ctrl-C into exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BitformatError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted: nothing was written", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+class _Progress:
+    """A tqdm bar over tensors, weighted by bytes, shown only on a terminal or when asked."""
+
+    def __init__(self, total_bytes: int, desc: str, enabled: bool | None = None):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True,
+                        disable=(not sys.stderr.isatty()) if enabled is None else not enabled,
+                        leave=False, file=sys.stderr)
+
+    def __call__(self, entry) -> None:
+        self.bar.update(entry.nbytes)
+        self.bar.set_postfix_str(entry.name, refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bitformat")
+def main() -> None:
+    """Lossless containers and converters for ternary (BitNet b1.58) weights."""
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
+              show_default=True, help="i2_s block layout (files do not record it).")
+@_friendly_errors
+def inspect(file: Path, as_json: bool, i2s_layout: str) -> None:
+    """Show the architecture, tokenizer and every tensor of FILE (a container or HF folder)."""
+    from .container import open_model
+    from .summary import render, summarize
+
+    with open_model(file, i2s_variant=i2s_layout) as model:
+        total = sum(e.nbytes for e in model.entries)
+        bar = _Progress(total, "reading")
+        try:
+            summary = summarize(model, progress=bar)
+        finally:
+            bar.close()
+    if as_json:
+        click.echo(json.dumps(summary.to_json(), indent=1))
+    else:
+        click.echo(render(summary))
+
+
+def default_output(src: Path, target: str) -> Path:
+    """``model.gguf`` -> ``model.tq2_0.gguf``; an HF export gets a folder ``model-hf``."""
+    stem = src.name if src.is_dir() else src.stem
+    for fid in CONVERT_TARGETS:
+        if stem.endswith(f".{fid}"):
+            stem = stem[: -len(fid) - 1]
+    if target == "hf":
+        return src.with_name(f"{stem}-hf")
+    return src.with_name(f"{stem}.{target}.gguf")
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("--to", "target", required=True, type=click.Choice(CONVERT_TARGETS),
+              help="Container to write.")
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Output path (default: next to FILE, named after the target).")
+@click.option("--allow-scale-rounding", is_flag=True,
+              help="Round scales the target cannot hold exactly, and report the change.")
+@click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
+              show_default=True, help="i2_s block layout of FILE (files do not record it).")
+@_friendly_errors
+def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: bool,
+            i2s_layout: str) -> None:
+    """Convert FILE into another container, losslessly (or refuse and say why)."""
+    from .container import convert as do_convert
+    from .container import open_model
+
+    out = output or default_output(file, target)
+    with open_model(file, i2s_variant=i2s_layout) as model:
+        total = sum(e.nbytes for e in model.entries)
+    bar = _Progress(total, f"-> {target}")
+    try:
+        report = do_convert(file, out, target, allow_scale_rounding=allow_scale_rounding,
+                            i2s_variant=i2s_layout, progress=bar)
+    finally:
+        bar.close()
+    click.echo(f"wrote {out} ({target}, {report.tensors} tensors, "
+               f"{report.ternary_weights:,} ternary weights)")
+    for name, loss in report.scale_changes.items():
+        click.echo(f"  scale of {name} rounded: relative change up to {loss:.3g}")
+
+
+@main.command()
+@click.option("--preset", type=click.Choice(["tiny", "2b4t"]), default="tiny",
+              show_default=True, help="Model size: tiny (tests) or 2b4t (BitNet 2B-4T).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="Where to write the model (an i2_s GGUF container).")
+@_friendly_errors
+def synth(preset: str, seed: int, output: Path) -> None:
+    """Build a BitNet model with the real architecture and profile-drawn trits."""
+    from tqdm import tqdm
+
+    from .synth import synth as do_synth
+
+    with tqdm(desc=f"synth {preset}", unit="tensor", disable=not sys.stderr.isatty(),
+              leave=False, file=sys.stderr) as bar:
+        def progress(name: str, index: int, total: int) -> None:
+            bar.total = total
+            bar.update(1)
+            bar.set_postfix_str(name, refresh=False)
+
+        path = do_synth(preset, output, seed=seed, progress=progress)
+    click.echo(f"wrote {path} ({preset}, seed {seed})")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,179 @@
+"""What ``bitformat inspect`` reports: config, tokenizer, per-tensor statistics, totals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .container import Model, TensorEntry
+
+
+@dataclass
+class TensorStats:
+    name: str
+    shape: list[int]
+    encoding: str
+    bytes: int
+    bits_per_weight: float | None = None  # ternary tensors only
+    share_minus: float | None = None
+    share_zero: float | None = None
+    share_plus: float | None = None
+    entropy_bits: float | None = None  # order-0 entropy of the trits
+    dead_rows: int | None = None
+    scale: float | None = None  # None when per-block scales differ
+
+
+@dataclass
+class ModelSummary:
+    path: str
+    container: str
+    architecture: str
+    config: dict
+    tokenizer: dict
+    tensors: list[TensorStats] = field(default_factory=list)
+    totals: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def order0_entropy(counts: np.ndarray) -> float:
+    """Shannon entropy in bits per symbol of a histogram."""
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    p = counts[counts > 0] / total
+    return float(-(p * np.log2(p)).sum())
+
+
+def ternary_stats(e: TensorEntry, trits: np.ndarray) -> dict:
+    counts = np.bincount((trits.reshape(-1) + 1).astype(np.intp), minlength=3)[:3]
+    n = int(counts.sum())
+    return {
+        "bits_per_weight": e.nbytes * 8 / n,
+        "share_minus": float(counts[0] / n),
+        "share_zero": float(counts[1] / n),
+        "share_plus": float(counts[2] / n),
+        "entropy_bits": order0_entropy(counts),
+        "dead_rows": int((~trits.any(axis=1)).sum()),
+    }
+
+
+CONFIG_KEYS = ("vocab_size", "context_length", "embedding_length", "block_count",
+               "feed_forward_length", "attention.head_count", "attention.head_count_kv",
+               "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count")
+
+
+def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = None
+              ) -> ModelSummary:
+    """Decode every tensor once and gather what ``inspect`` prints."""
+    arch = model.architecture
+    config = {k: model.get(f"{arch}.{k}") for k in CONFIG_KEYS
+              if model.get(f"{arch}.{k}") is not None}
+    for key in ("general.name", "general.file_type", "bitformat.format"):
+        if model.get(key) is not None:
+            config[key] = model.get(key)
+    tokens = model.get("tokenizer.ggml.tokens") or []
+    token_types = model.get("tokenizer.ggml.token_type") or []
+    tokenizer = {
+        "model": model.get("tokenizer.ggml.model"),
+        "pre": model.get("tokenizer.ggml.pre"),
+        "tokens": len(tokens),
+        "merges": len(model.get("tokenizer.ggml.merges") or []),
+        "special_tokens": int(sum(1 for t in token_types if t in (3, 4))),
+        "bos_token_id": model.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": model.get("tokenizer.ggml.eos_token_id"),
+        "add_bos_token": model.get("tokenizer.ggml.add_bos_token"),
+        "chat_template": model.get("tokenizer.chat_template") is not None,
+    }
+    summary = ModelSummary(model.path, model.container, arch, config, tokenizer)
+    ternary_bytes = ternary_weights = embed_bytes = embed_row = other_bytes = 0
+    total_bytes = 0
+    counts = np.zeros(3, dtype=np.int64)
+    for e in model.entries:
+        stats = TensorStats(e.name, list(e.shape), e.encoding, e.nbytes)
+        total_bytes += e.nbytes
+        if e.ternary:
+            t = model.ternary(e.name)
+            for k, v in ternary_stats(e, t.trits).items():
+                setattr(stats, k, v)
+            stats.scale = t.tensor_scale()
+            counts += np.bincount((t.trits.reshape(-1) + 1).astype(np.intp), minlength=3)[:3]
+            ternary_bytes += e.nbytes
+            ternary_weights += t.rows * t.cols
+        elif e.name == "token_embd.weight":
+            embed_bytes += e.nbytes
+            embed_row = e.nbytes // max(e.shape[0], 1)
+        elif e.name == "output.weight":
+            embed_bytes += e.nbytes  # an untied head is read instead of the embedding
+        else:
+            other_bytes += e.nbytes
+        summary.tensors.append(stats)
+        if progress is not None:
+            progress(e)
+    # One generated token reads every ternary matrix, the LM head (the embedding when tied),
+    # one embedding row, and every norm.
+    per_token = ternary_bytes + embed_bytes + embed_row + other_bytes
+    summary.totals = {
+        "tensors": len(model.entries),
+        "ternary_tensors": sum(1 for e in model.entries if e.ternary),
+        "ternary_weights": ternary_weights,
+        "ternary_bytes": ternary_bytes,
+        "ternary_bits_per_weight": ternary_bytes * 8 / ternary_weights if ternary_weights
+        else None,
+        "entropy_bits": order0_entropy(counts),
+        "share_zero": float(counts[1] / counts.sum()) if counts.sum() else None,
+        "tensor_bytes": total_bytes,
+        "bytes_per_token": per_token,
+        "lm_head_share_of_token": embed_bytes / per_token if per_token else None,
+    }
+    return summary
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} GB"
+
+
+def render(summary: ModelSummary) -> str:
+    """A plain-text report for a terminal."""
+    lines = [f"{summary.path}", f"  container     {summary.container}",
+             f"  architecture  {summary.architecture}"]
+    for k, v in summary.config.items():
+        lines.append(f"  {k:<34} {v}")
+    tok = summary.tokenizer
+    lines.append(f"  tokenizer     {tok['model']} ({tok['pre']}), {tok['tokens']} tokens, "
+                 f"{tok['merges']} merges, {tok['special_tokens']} special, bos "
+                 f"{tok['bos_token_id']}, eos {tok['eos_token_id']}, chat template "
+                 f"{'yes' if tok['chat_template'] else 'no'}")
+    lines.append("")
+    head = (f"{'tensor':<28} {'shape':>13} {'encoding':>11} {'bytes':>11} {'bpw':>6} "
+            f"{'-1':>6} {'0':>6} {'+1':>6} {'H0':>6} {'dead':>5}")
+    lines.append(head)
+    lines.append("-" * len(head))
+    for t in summary.tensors:
+        shape = "x".join(str(d) for d in t.shape)
+        if t.bits_per_weight is None:
+            lines.append(f"{t.name:<28} {shape:>13} {t.encoding:>11} {t.bytes:>11}")
+        else:
+            lines.append(f"{t.name:<28} {shape:>13} {t.encoding:>11} {t.bytes:>11} "
+                         f"{t.bits_per_weight:6.3f} {t.share_minus:6.3f} {t.share_zero:6.3f} "
+                         f"{t.share_plus:6.3f} {t.entropy_bits:6.4f} {t.dead_rows:>5}")
+    tot = summary.totals
+    lines.append("")
+    lines.append(f"  ternary weights    {tot['ternary_weights']:,} in "
+                 f"{tot['ternary_tensors']} tensors, {human_bytes(tot['ternary_bytes'])}")
+    if tot["ternary_bits_per_weight"] is not None:
+        lines.append(f"  bits per weight    {tot['ternary_bits_per_weight']:.4f} stored, "
+                     f"{tot['entropy_bits']:.4f} order-0 entropy, zero share "
+                     f"{tot['share_zero']:.3f}")
+    lines.append(f"  tensor data        {human_bytes(tot['tensor_bytes'])}")
+    share = tot["lm_head_share_of_token"]
+    lines.append(f"  bytes per token    {human_bytes(tot['bytes_per_token'])}"
+                 + (f" (LM head {share:.0%})" if share is not None else ""))
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""The command line, end to end through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from click.testing import CliRunner
+
+from bitformat import open_model
+from bitformat.cli import default_output, main
+from bitformat.summary import order0_entropy
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    return result
+
+
+def test_synth_then_inspect_json(tmp_path):
+    out = tmp_path / "m.gguf"
+    r = run("synth", "--preset", "tiny", "--seed", 3, "-o", out)
+    assert r.exit_code == 0, r.output
+    assert "wrote" in r.output and out.exists()
+    r = run("inspect", out, "--json")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    assert info["architecture"] == "bitnet-b1.58" and info["container"] == "i2_s"
+    with open_model(out) as m:
+        names = [e.name for e in m.entries]
+        t = m.ternary("blk.0.ffn_gate.weight")
+    assert [t["name"] for t in info["tensors"]] == names
+    row = next(t for t in info["tensors"] if t["name"] == "blk.0.ffn_gate.weight")
+    counts = np.bincount(t.trits.reshape(-1) + 1, minlength=3)
+    assert row["share_zero"] == counts[1] / counts.sum()
+    assert row["entropy_bits"] == order0_entropy(counts)
+    assert row["dead_rows"] == int((~t.trits.any(axis=1)).sum())
+    assert row["bits_per_weight"] == (t.rows * t.cols / 4 + 32) * 8 / (t.rows * t.cols)
+    tot = info["totals"]
+    embed = next(t for t in info["tensors"] if t["name"] == "token_embd.weight")
+    assert tot["bytes_per_token"] > tot["ternary_bytes"] + embed["bytes"]
+    assert info["tokenizer"]["tokens"] == info["config"]["vocab_size"]
+
+
+def test_inspect_text_table(tiny_gguf):
+    r = run("inspect", tiny_gguf)
+    assert r.exit_code == 0, r.output
+    assert "blk.1.attn_v.weight" in r.output and "bytes per token" in r.output
+
+
+def test_convert_default_output_and_round_trip(tiny_gguf, tmp_path):
+    src = tmp_path / "tiny.gguf"
+    src.write_bytes(tiny_gguf.read_bytes())
+    r = run("convert", src, "--to", "stfma")
+    assert r.exit_code == 0, r.output
+    mid = tmp_path / "tiny.stfma.gguf"
+    assert mid.exists() and default_output(src, "stfma") == mid
+    r = run("convert", mid, "--to", "i2_s", "-o", tmp_path / "back.gguf")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "back.gguf").read_bytes() == src.read_bytes()
+
+
+def test_bad_file_gives_message_not_traceback(tmp_path):
+    bad = tmp_path / "notes.gguf"
+    bad.write_bytes(b"hello world, not a model")
+    result = CliRunner().invoke(main, ["inspect", str(bad)])
+    assert result.exit_code == 1
+    assert "error:" in result.output and "not a GGUF file" in result.output
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["convert", str(bad), "--to", "tq2_0"])
+    assert result.exit_code == 1 and "not a GGUF file" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.gguf"]
+
+
+def test_unknown_target_is_rejected(tiny_gguf):
+    result = CliRunner().invoke(main, ["convert", str(tiny_gguf), "--to", "q4_0"])
+    assert result.exit_code == 2 and "q4_0" in result.output
