@@ -13,10 +13,7 @@ FORMAT_IDS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32")
 def load_all() -> None:
     """Import every format module so each registers itself."""
     for fid in FORMAT_IDS:
-        try:  # TEMPORARY while format modules are being written
-            importlib.import_module(f"{__name__}.{fid}")
-        except ModuleNotFoundError:
-            pass
+        importlib.import_module(f"{__name__}.{fid}")
 
 
 __all__ = ["FORMATS", "FORMAT_IDS", "TernaryFormat", "get_format", "load_all"]

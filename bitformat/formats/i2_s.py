@@ -76,6 +76,9 @@ class I2S(TernaryFormat):
         if n % self.block:
             raise ShapeError(f"{n} values do not fill {self.variant} i2_s blocks of "
                              f"{self.block}", path=path, tensor=name)
+        if raw.size != n // 4 + I2_S_TAIL_BYTES:
+            raise ShapeError(f"a {rows}x{cols} i2_s tensor takes {n // 4 + I2_S_TAIL_BYTES} "
+                             f"bytes, got {raw.size}", path=path, tensor=name)
         packed = raw[: n // 4]
         s = float(raw[n // 4: n // 4 + 4].view("<f4")[0])
         if not np.isfinite(s):
