@@ -28,6 +28,8 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
         raise BitformatIOError(f"cannot create a file next to it: {exc.strerror}",
                                path=str(target)) from None
     try:
+        # mkstemp makes the file 0600; give it what a plain open() would (or the old mode).
+        os.chmod(tmp, _mode_for(target))
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
@@ -40,6 +42,15 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
             raise BitformatIOError(f"write failed: {exc.strerror or exc}",
                                    path=str(target)) from exc
         raise
+
+
+def _mode_for(target: Path) -> int:
+    try:
+        return target.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 @contextlib.contextmanager

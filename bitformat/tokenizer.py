@@ -1,0 +1,496 @@
+"""Byte-level BPE tokenizers in GGUF's ``gpt2`` convention (the Llama-3 tokenizer family).
+
+A GGUF file carries its tokenizer as metadata::
+
+    tokenizer.ggml.model             string    "gpt2" (byte-level BPE)
+    tokenizer.ggml.pre               string    "llama-bpe": the Llama-3 split regex
+    tokenizer.ggml.tokens            str[]     token strings, byte-level encoded (" a" -> "Ġa")
+    tokenizer.ggml.token_type        i32[]     1 normal, 3 control, 4 user-defined
+    tokenizer.ggml.merges            str[]     "left right", in merge-priority order
+    tokenizer.ggml.bos_token_id      u32
+    tokenizer.ggml.eos_token_id      u32
+    tokenizer.ggml.padding_token_id  u32
+    tokenizer.ggml.add_bos_token     bool
+    tokenizer.chat_template          string    a Jinja template (rendered here in pure Python)
+
+:class:`Tokenizer` runs such a tokenizer with the ``tokenizers`` package; :func:`to_hf_files`
+and :func:`from_hf_files` convert it to and from a Hugging Face tokenizer folder. Every token
+goes into the BPE model's vocabulary under its GGUF id, and control / user-defined tokens are
+registered again as added tokens (``tokenizers`` assigns added tokens the next free id, so a
+token missing from the vocabulary would not keep its id).
+
+:func:`train_bpe` makes a real byte-level BPE for synthetic models (no model hub is reachable):
+it trains on Python standard-library source (see :func:`corpus`) and places Llama-3's special
+tokens at the top of the vocabulary. The trained part is capped at 32768 tokens (training the
+2B-4T layout takes about 2 s); ids between it and the special block hold
+``<|reserved_special_token_N|>`` fillers. The vocabulary therefore depends on the Python
+version's standard library, which is fixed for a given interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .constants import ValueType
+from .errors import MetadataError, UnsupportedConversionError
+from .gguf_io import MetaValue
+
+#: The pre-tokenizer regex of Llama 3 (``tokenizer.json``; llama.cpp's ``llama-bpe``).
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+#: ``chat_template`` of microsoft/bitnet-b1.58-2B-4T (tokenizer_config.json).
+BITNET_CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = message['role'] | capitalize + ': '+ message['content'] | trim + "
+    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}")
+
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4  # llama.cpp's llama_token_type
+
+BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
+MAX_TRAINED = 32768
+_RESERVED = "<|reserved_special_token_{}|>"
+_KEY = "tokenizer.ggml."
+_LLAMA3_PRE = (None, "llama-bpe", "llama3")  # a missing key means llama3, as in ik_llama.cpp
+
+
+def llama3_specials(n: int = 256) -> list[str]:
+    """The first ``n`` tokens of Llama 3's special block (ids 128000.. in Llama 3).
+
+    >>> llama3_specials(10)[::3]
+    ['<|begin_of_text|>', '<|reserved_special_token_1|>', '<|start_header_id|>', '<|eot_id|>']
+    """
+    named = [BOS, EOS] + [_RESERVED.format(i) for i in range(4)] + [
+        "<|start_header_id|>", "<|end_header_id|>", _RESERVED.format(4), EOT]
+    return (named + [_RESERVED.format(i) for i in range(5, 5 + max(0, n - 10))])[:n]
+
+
+@dataclass
+class BPEData:
+    """Everything a ``gpt2`` GGUF tokenizer holds; optional fields are None when absent."""
+
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    bos_id: int
+    eos_id: int
+    pad_id: int | None = None
+    add_bos: bool | None = None
+    add_eos: bool | None = None
+    chat_template: str | None = None
+    pre: str | None = "llama-bpe"
+
+    #: the GGUF keys this class carries, in the order :meth:`metadata` writes them
+    KEYS = ("model", "pre", "tokens", "token_type", "merges", "bos_token_id", "eos_token_id",
+            "padding_token_id", "add_bos_token", "add_eos_token")
+
+    def metadata(self) -> dict[str, MetaValue]:
+        """GGUF metadata with exact types, in canonical order."""
+        s, u32, b = ValueType.STRING, ValueType.UINT32, ValueType.BOOL
+        out = {_KEY + "model": MetaValue(s, "gpt2")}
+        if self.pre is not None:
+            out[_KEY + "pre"] = MetaValue(s, self.pre)
+        out[_KEY + "tokens"] = MetaValue(ValueType.ARRAY, list(self.tokens), s)
+        out[_KEY + "token_type"] = MetaValue(
+            ValueType.ARRAY, np.asarray(self.token_types, dtype=np.int32), ValueType.INT32)
+        out[_KEY + "merges"] = MetaValue(ValueType.ARRAY, list(self.merges), s)
+        out[_KEY + "bos_token_id"] = MetaValue(u32, int(self.bos_id))
+        out[_KEY + "eos_token_id"] = MetaValue(u32, int(self.eos_id))
+        if self.pad_id is not None:
+            out[_KEY + "padding_token_id"] = MetaValue(u32, int(self.pad_id))
+        if self.add_bos is not None:
+            out[_KEY + "add_bos_token"] = MetaValue(b, bool(self.add_bos))
+        if self.add_eos is not None:
+            out[_KEY + "add_eos_token"] = MetaValue(b, bool(self.add_eos))
+        if self.chat_template is not None:
+            out["tokenizer.chat_template"] = MetaValue(s, self.chat_template)
+        return out
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any]) -> BPEData:
+        """Read the tokenizer keys of GGUF metadata (MetaValues or plain values)."""
+        m = {k: (v.plain() if isinstance(v, MetaValue) else v) for k, v in meta.items()
+             if k.startswith("tokenizer.")}
+
+        def need(key: str) -> Any:
+            if _KEY + key not in m:
+                raise MetadataError(f"tokenizer metadata lacks {_KEY + key}")
+            return m[_KEY + key]
+
+        if need("model") != "gpt2":
+            raise UnsupportedConversionError(f"tokenizer model {m[_KEY + 'model']!r} is not "
+                                             "a byte-level BPE ('gpt2')")
+        tokens = [str(t) for t in need("tokens")]
+        types = [int(t) for t in m.get(_KEY + "token_type", [TOKEN_NORMAL] * len(tokens))]
+        if len(types) != len(tokens):
+            raise MetadataError(f"{len(tokens)} tokens but {len(types)} token types")
+        ids = [need("bos_token_id"), need("eos_token_id"), m.get(_KEY + "padding_token_id")]
+        if any(i is not None and not 0 <= int(i) < len(tokens) for i in ids):
+            raise MetadataError(f"a special token id in {ids} is outside the vocabulary of "
+                                f"{len(tokens)}")
+
+        def opt(key: str, conv):
+            v = m.get(key)
+            return None if v is None else conv(v)
+
+        return cls(tokens, types, [str(x) for x in m.get(_KEY + "merges", [])],
+                   int(ids[0]), int(ids[1]), opt(_KEY + "padding_token_id", int),
+                   opt(_KEY + "add_bos_token", bool), opt(_KEY + "add_eos_token", bool),
+                   opt("tokenizer.chat_template", str), opt(_KEY + "pre", str))
+
+    def uncarried(self, meta: dict[str, Any]) -> list[str]:
+        """Tokenizer keys of ``meta`` that this class (and so the HF files) cannot hold."""
+        known = {_KEY + k for k in self.KEYS} | {"tokenizer.chat_template"}
+        return [k for k in meta if k.startswith("tokenizer.") and k not in known]
+
+
+# -- training ---------------------------------------------------------------------------------
+def corpus(max_bytes: int | None = None) -> list[str]:
+    """Training text found on any machine with Python, in a fixed order.
+
+    The standard library's ``pydoc_data/topics.py`` (English documentation) followed by its
+    top-level ``*.py`` modules sorted by name, stopping after the file that crosses
+    ``max_bytes``. Without a source tree (frozen or zipped installs) the docstrings of the
+    ``builtins`` module serve instead.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [root / "pydoc_data" / "topics.py"] + sorted(root.glob("*.py"))
+    texts: list[str] = []
+    total = 0
+    for f in files:
+        if not f.is_file():
+            continue
+        texts.append(f.read_text(encoding="utf-8", errors="replace"))
+        total += len(texts[-1])
+        if max_bytes is not None and total >= max_bytes:
+            break
+    if not texts:
+        import builtins
+
+        texts = [getattr(builtins, n).__doc__ or "" for n in sorted(dir(builtins))]
+    return texts
+
+
+@functools.lru_cache(maxsize=4)
+def _trained(n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(tokens by id, merges) of a byte-level BPE of at most ``n`` tokens."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = HFTokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = _pre_tokenizer("llama-bpe")
+    trainer = trainers.BpeTrainer(vocab_size=n, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    # About 1 KB of text per trained token saturates the merge list; the cap keeps the tiny
+    # preset quick (~0.1 s) while 32k tokens read the whole corpus (~5 MB, ~1.5 s).
+    tok.train_from_iterator(corpus(max(256 << 10, n * 1024)), trainer)
+    model = json.loads(tok.to_str())["model"]
+    by_id = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise AssertionError("trained vocabulary ids are not contiguous")
+    return tuple(t for t, _ in by_id), tuple(_merge_str(m) for m in model["merges"])
+
+
+def train_bpe(vocab_size: int, specials: list[str], *, max_trained: int = MAX_TRAINED
+              ) -> BPEData:
+    """A byte-level BPE of exactly ``vocab_size`` tokens with ``specials`` at the top.
+
+    Ids ``0 .. n-1`` hold the trained tokens (``n = min(max_trained, vocab_size -
+    len(specials))``, fewer if the corpus runs out of merges), then
+    ``<|reserved_special_token_K|>`` fillers (K continuing after the highest reserved number
+    among ``specials``), then ``specials`` in order. With :func:`llama3_specials` (256) and
+    128256 tokens this is Llama 3's layout: bos 128000, eos 128001, eot 128009.
+    Deterministic for a given standard library.
+    """
+    n_free = vocab_size - len(specials)
+    if min(n_free, max_trained) < 256:
+        raise ValueError(f"{min(n_free, max_trained)} ordinary ids are too few: byte-level "
+                         "BPE needs at least 256")
+    if BOS not in specials or EOS not in specials:
+        raise ValueError(f"specials must contain {BOS} and {EOS}")
+    trained, merges = _trained(min(max_trained, n_free))
+    taken = set(trained) & set(specials)
+    if taken:
+        raise ValueError(f"trained tokens collide with specials: {sorted(taken)}")
+    reserved = [int(s[len("<|reserved_special_token_"):-2]) for s in specials
+                if s.startswith("<|reserved_special_token_")]
+    first = max(reserved, default=-1) + 1
+    fillers = [_RESERVED.format(first + i) for i in range(n_free - len(trained))]
+    tokens = list(trained) + fillers + list(specials)
+    types = [TOKEN_NORMAL] * len(trained) + [TOKEN_CONTROL] * (len(fillers) + len(specials))
+    eos = tokens.index(EOS)
+    return BPEData(tokens, types, list(merges), tokens.index(BOS), eos, pad_id=eos,
+                   add_bos=True, chat_template=BITNET_CHAT_TEMPLATE)
+
+
+# -- running ----------------------------------------------------------------------------------
+def _merge_str(m: Any) -> str:
+    return m if isinstance(m, str) else f"{m[0]} {m[1]}"
+
+
+def _pre_tokenizer(pre: str | None):
+    from tokenizers import Regex, pre_tokenizers
+
+    if pre in _LLAMA3_PRE:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre == "gpt2":
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    raise UnsupportedConversionError(f"pre-tokenizer {pre!r} is not supported "
+                                     "(llama-bpe or gpt2)")
+
+
+def _build(d: BPEData, with_post_processor: bool):
+    """A ``tokenizers.Tokenizer`` giving every token its GGUF id."""
+    from tokenizers import AddedToken, decoders, models, processors
+    from tokenizers import Tokenizer as HFTokenizer
+
+    vocab = {t: i for i, t in enumerate(d.tokens)}
+    if len(vocab) != len(d.tokens):
+        raise MetadataError("the token list holds duplicates")
+    pairs = [tuple(m.split(" ")) for m in d.merges]
+    if any(len(p) != 2 for p in pairs):
+        raise MetadataError("a merge is not two tokens separated by one space")
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=d.pre in _LLAMA3_PRE))
+    tok.pre_tokenizer = _pre_tokenizer(d.pre)
+    tok.decoder = decoders.ByteLevel()
+    # Types other than normal and user-defined (unknown 2, unused 5, byte 6) count as
+    # control: never produced from text except by their exact string.
+    added = [AddedToken(t, special=ty != TOKEN_USER_DEFINED, normalized=False)
+             for t, ty in zip(d.tokens, d.token_types, strict=True) if ty != TOKEN_NORMAL]
+    tok.add_special_tokens([a for a in added if a.special])
+    tok.add_tokens([a for a in added if not a.special])
+    if with_post_processor and d.add_bos:
+        bos = d.tokens[d.bos_id]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, d.bos_id)])
+    return tok
+
+
+class Tokenizer:
+    """Encode and decode with the tokenizer stored in GGUF metadata.
+
+    Examples
+    --------
+    >>> tok = Tokenizer(train_bpe(512, llama3_specials(16)).metadata())
+    >>> ids = tok.encode("Hello, world")
+    >>> ids[0] == tok.bos_id, tok.decode(ids[1:])
+    (True, 'Hello, world')
+    """
+
+    def __init__(self, metadata: dict[str, Any]):
+        self.data = BPEData.from_metadata(metadata)
+        self._tok = _build(self.data, with_post_processor=False)
+        d = self.data
+        self.add_bos = d.add_bos if d.add_bos is not None else d.pre in _LLAMA3_PRE
+        self.chat_template = d.chat_template or BITNET_CHAT_TEMPLATE
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> Tokenizer:
+        from .gguf_io import GGUFReader
+
+        with GGUFReader(path) as r:
+            return cls(r.metadata)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.data.tokens)
+
+    @property
+    def bos_id(self) -> int:
+        return self.data.bos_id
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """Ids that end a turn: eos, then ``<|eot_id|>`` where the vocabulary has it."""
+        out = [self.data.eos_id]
+        eot = self._tok.token_to_id(EOT)
+        if eot is not None and eot not in out:
+            out.append(eot)
+        return out
+
+    def token(self, token_id: int) -> str:
+        """The stored (byte-level encoded) string of one id."""
+        return self.data.tokens[token_id]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of ``text``; special tokens in the text map to their ids.
+
+        ``add_bos`` defaults to the file's ``add_bos_token``. Text rendered by
+        :meth:`apply_chat_template` already starts with bos: encode it with ``add_bos=False``.
+        """
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if self.add_bos if add_bos is None else add_bos:
+            ids.insert(0, self.data.bos_id)
+        return ids
+
+    def decode(self, ids: list[int], skip_special: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True
+                            ) -> str:
+        """The conversation as prompt text, rendered from the file's chat template."""
+        return render_chat(self.chat_template, messages, add_generation_prompt,
+                           bos_token=self.data.tokens[self.data.bos_id],
+                           eos_token=self.data.tokens[self.data.eos_id])
+
+
+def render_chat(template: str, messages: list[dict], add_generation_prompt: bool = True, *,
+                bos_token: str = BOS, eos_token: str = EOS) -> str:
+    """Render a chat template without Jinja for the BitNet templates.
+
+    The BitNet 2B-4T template (with or without its leading bos) is rendered in plain Python:
+    ``bos + "Role: content<|eot_id|>"`` per message (role capitalised, content stripped, as
+    Jinja's ``capitalize`` and ``trim`` do), then ``"Assistant: "``. Any other template needs
+    the ``jinja2`` package.
+    """
+    no_bos = BITNET_CHAT_TEMPLATE.replace(
+        "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}", "")
+    if template in (BITNET_CHAT_TEMPLATE, no_bos):
+        parts = [f"{m['role'].capitalize()}: {m['content'].strip()}{EOT}" for m in messages]
+        if parts and template == BITNET_CHAT_TEMPLATE:
+            parts[0] = bos_token + parts[0]
+        return "".join(parts) + ("Assistant: " if add_generation_prompt else "")
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise UnsupportedConversionError("this chat template needs the jinja2 package") from None
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(messages=messages, bos_token=bos_token,
+                                            eos_token=eos_token,
+                                            add_generation_prompt=add_generation_prompt)
+
+
+# -- Hugging Face files -----------------------------------------------------------------------
+def to_hf_files(metadata: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
+    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json``.
+
+    Returns the tokenizer keys of ``metadata`` the files cannot carry (e.g.
+    ``tokenizer.ggml.scores``), for the caller to report. Token types other than 1, 3 and 4
+    are written as special added tokens, so they read back as control (3).
+    """
+    d = BPEData.from_metadata(metadata)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _build(d, with_post_processor=True)
+    tok.save(str(out / "tokenizer.json"))
+    names = {"bos_token": d.bos_id, "eos_token": d.eos_id, "pad_token": d.pad_id}
+    special = {k: d.tokens[i] for k, i in names.items() if i is not None}
+    config: dict[str, Any] = {}
+    if d.add_bos is not None:
+        config["add_bos_token"] = d.add_bos
+    if d.add_eos is not None:
+        config["add_eos_token"] = d.add_eos
+    config["added_tokens_decoder"] = {
+        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                 "single_word": False, "special": ty != TOKEN_USER_DEFINED}
+        for i, (t, ty) in enumerate(zip(d.tokens, d.token_types, strict=True))
+        if ty != TOKEN_NORMAL}
+    config.update(special)
+    if d.chat_template is not None:
+        config["chat_template"] = d.chat_template
+    config.update({"clean_up_tokenization_spaces": True,
+                   "model_input_names": ["input_ids", "attention_mask"],
+                   "tokenizer_class": "PreTrainedTokenizerFast"})
+    for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
+        (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n",
+                                encoding="utf-8")
+    return d.uncarried(metadata)
+
+
+def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
+    """GGUF tokenizer metadata from a Hugging Face folder (the inverse of :func:`to_hf_files`).
+
+    Token types: added special tokens are control (3), other added tokens user-defined (4),
+    the rest normal (1). ``add_bos_token`` comes from ``tokenizer_config.json`` or, failing
+    that, from a post-processor that prepends bos.
+    """
+    folder = Path(hf_dir)
+    path = folder / "tokenizer.json"
+    try:
+        tj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise MetadataError(f"cannot read tokenizer.json: {exc}", path=str(path)) from None
+    config = _read_json(folder / "tokenizer_config.json")
+    smap = _read_json(folder / "special_tokens_map.json")
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE":
+        raise UnsupportedConversionError(f"tokenizer model {model.get('type')!r} is not BPE",
+                                         path=str(path))
+    by_id: dict[int, tuple[str, int]] = {i: (t, TOKEN_NORMAL) for t, i in model["vocab"].items()}
+    for a in tj.get("added_tokens") or []:
+        by_id[int(a["id"])] = (a["content"], TOKEN_CONTROL if a.get("special")
+                               else TOKEN_USER_DEFINED)
+    if sorted(by_id) != list(range(len(by_id))):
+        raise MetadataError("token ids are not contiguous from 0", path=str(path))
+    tokens = [by_id[i][0] for i in range(len(by_id))]
+    ids = {t: i for i, t in enumerate(tokens)}
+
+    def special(name: str) -> int | None:
+        v = config.get(name, smap.get(name))
+        if isinstance(v, dict):
+            v = v.get("content")
+        if v is None:
+            return None
+        if v not in ids:
+            raise MetadataError(f"{name} {v!r} is not in the vocabulary", path=str(folder))
+        return ids[v]
+
+    bos, eos = special("bos_token"), special("eos_token")
+    if bos is None or eos is None:
+        raise MetadataError("bos_token and eos_token are required", path=str(folder))
+    add_bos = config.get("add_bos_token")
+    post = tj.get("post_processor") or {}
+    if add_bos is None and post.get("type") == "TemplateProcessing":
+        first = (post.get("single") or [{}])[0].get("SpecialToken", {}).get("id")
+        add_bos = True if first == tokens[bos] else None
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if template is None and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    d = BPEData(tokens, [by_id[i][1] for i in range(len(tokens))],
+                [_merge_str(m) for m in model.get("merges", [])], bos, eos,
+                special("pad_token"), add_bos, config.get("add_eos_token"), template,
+                _pre_name(tj.get("pre_tokenizer"), str(path)))
+    return d.metadata()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise MetadataError(f"not valid JSON: {exc}", path=str(path)) from None
+
+
+def _pre_name(pre: dict | None, path: str) -> str:
+    """llama.cpp's pre-tokenizer name for a ``tokenizer.json`` pre_tokenizer."""
+    pre = pre or {}
+    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+        return "gpt2"
+    if pre.get("type") == "Sequence":
+        parts = pre.get("pretokenizers", [])
+        regex = parts[0].get("pattern", {}).get("Regex") if parts else None
+        if regex == LLAMA3_PATTERN and len(parts) == 2 and parts[1].get("type") == "ByteLevel":
+            return "llama-bpe"
+    raise UnsupportedConversionError("pre-tokenizer is neither Llama 3's nor GPT-2's", path=path)
+
+
+__all__ = ["BITNET_CHAT_TEMPLATE", "BPEData", "LLAMA3_PATTERN", "Tokenizer", "corpus",
+           "from_hf_files", "llama3_specials", "render_chat", "to_hf_files", "train_bpe"]
