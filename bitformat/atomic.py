@@ -44,13 +44,17 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
         raise
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def _mode_for(target: Path) -> int:
     try:
         return target.stat().st_mode & 0o777
     except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return 0o666 & ~_umask()
 
 
 @contextlib.contextmanager
@@ -64,6 +68,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise BitformatIOError(f"cannot create a folder next to it: {exc.strerror}",
                                path=str(target)) from None
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
         yield tmp
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=parent))
