@@ -145,7 +145,7 @@ def render(summary: ModelSummary) -> str:
     lines = [f"{summary.path}", f"  container     {summary.container}",
              f"  architecture  {summary.architecture}"]
     for k, v in summary.config.items():
-        lines.append(f"  {k:<34} {v}")
+        lines.append(f"  {k:<34} {v:.7g}" if isinstance(v, float) else f"  {k:<34} {v}")
     tok = summary.tokenizer
     lines.append(f"  tokenizer     {tok['model']} ({tok['pre']}), {tok['tokens']} tokens, "
                  f"{tok['merges']} merges, {tok['special_tokens']} special, bos "
