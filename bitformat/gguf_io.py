@@ -96,7 +96,7 @@ class MetaValue:
         return self.value
 
 
-_ARRAY_DTYPE = {
+ARRAY_DTYPE = {
     ValueType.UINT8: "<u1", ValueType.INT8: "<i1", ValueType.UINT16: "<u2",
     ValueType.INT16: "<i2", ValueType.UINT32: "<u4", ValueType.INT32: "<i4",
     ValueType.FLOAT32: "<f4", ValueType.BOOL: "<u1", ValueType.UINT64: "<u8",
@@ -120,7 +120,7 @@ class TensorInfo:
         return n
 
 
-def _sanitize(text: str, limit: int = 80) -> str:
+def sanitize(text: str, limit: int = 80) -> str:
     """A name safe to print: control characters escaped, long names cut."""
     out = text.encode("unicode_escape").decode("ascii")
     return out if len(out) <= limit else out[:limit] + "..."
@@ -219,7 +219,7 @@ class GGUFReader:
         for _ in range(n_kv):
             key = cur.string("a metadata key")
             if key in self.metadata:
-                raise FormatError(f"metadata key {_sanitize(key)!r} appears twice",
+                raise FormatError(f"metadata key {sanitize(key)!r} appears twice",
                                   path=self.path)
             self.metadata[key] = self._value(cur, key)
         infos = []
@@ -237,7 +237,7 @@ class GGUFReader:
         self._check_layout(infos)
 
     def _value(self, cur: _Cursor, key: str) -> MetaValue:
-        what = f"metadata {_sanitize(key)!r}"
+        what = f"metadata {sanitize(key)!r}"
         raw_type = cur.u32(f"the type of {what}")
         try:
             vtype = ValueType(raw_type)
@@ -266,14 +266,14 @@ class GGUFReader:
             return MetaValue(vtype, [cur.string(f"element {i} of {what}") for i in range(count)],
                              item)
         data = cur.take(count * min_size, what)
-        arr = np.frombuffer(data, dtype=_ARRAY_DTYPE[item]).copy()
+        arr = np.frombuffer(data, dtype=ARRAY_DTYPE[item]).copy()
         if item == ValueType.BOOL:
             arr = arr.astype(bool)
         return MetaValue(vtype, arr, item)
 
     def _tensor_info(self, cur: _Cursor) -> TensorInfo:
         name = cur.string("a tensor name")
-        what = f"tensor {_sanitize(name)!r}"
+        what = f"tensor {sanitize(name)!r}"
         if name in self.tensors:
             raise FormatError(f"{what} appears twice", path=self.path)
         n_dims = cur.u32(f"the dimension count of {what}")
@@ -310,13 +310,13 @@ class GGUFReader:
             raise TruncatedError("file ends before its data section", path=self.path)
         last_end, last_name = 0, None
         for info in sorted(infos, key=lambda t: t.offset):
-            what = f"tensor {_sanitize(info.name)!r}"
+            what = f"tensor {sanitize(info.name)!r}"
             if info.offset % self.alignment:
                 raise TensorLayoutError(f"{what} starts at offset {info.offset}, not a "
                                         f"multiple of the alignment {self.alignment}",
                                         path=self.path)
             if info.offset < last_end:
-                raise TensorLayoutError(f"{what} overlaps tensor {_sanitize(last_name)!r}",
+                raise TensorLayoutError(f"{what} overlaps tensor {sanitize(last_name)!r}",
                                         path=self.path)
             if info.offset + info.nbytes > end_of_data:
                 end = self.data_offset + info.offset + info.nbytes
@@ -364,7 +364,7 @@ def _pack_string(s: str) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def _pack_value(mv: MetaValue) -> bytes:
+def pack_value(mv: MetaValue) -> bytes:
     out = [struct.pack("<I", mv.vtype)]
     if mv.vtype == ValueType.STRING:
         out.append(_pack_string(mv.value))
@@ -373,7 +373,7 @@ def _pack_value(mv: MetaValue) -> bytes:
         if mv.item_type == ValueType.STRING:
             out.extend(_pack_string(s) for s in mv.value)
         else:
-            out.append(np.asarray(mv.value).astype(_ARRAY_DTYPE[mv.item_type]).tobytes())
+            out.append(np.asarray(mv.value).astype(ARRAY_DTYPE[mv.item_type]).tobytes())
     else:
         out.append(struct.pack(SCALAR_FORMAT[mv.vtype], mv.value))
     return b"".join(out)
@@ -421,7 +421,7 @@ class GGUFWriter:
         parts = [GGUF_MAGIC, struct.pack("<IQQ", GGUF_VERSION, len(self.tensors), len(meta))]
         for key, mv in meta.items():
             parts.append(_pack_string(key))
-            parts.append(_pack_value(mv))
+            parts.append(pack_value(mv))
         offset = 0
         for t in self.tensors:
             dims = tuple(reversed(t.shape))

@@ -24,16 +24,14 @@ microsoft/bitnet-b1.58-2B-4T, FORMATS.md 4.1; ``docs/formats/hf.md`` says why)::
 Reading accepts that form (also sharded), the ``bitlinear`` convention (weight_scale = 1/s)
 and dense bf16/f16/f32 master weights of ``autobitlinear``/``online`` checkpoints, which are
 ternarised exactly as transformers does. Code 3 in packed bytes MUST be rejected. Every
-safetensors file is parsed here (numpy has no bfloat16) and treated as hostile.
+safetensors file is parsed by :mod:`bitformat.safetensors_io` and treated as hostile;
+config.json <-> GGUF metadata is :mod:`bitformat.formats.hf_config`.
 """
 
 from __future__ import annotations
 
 import json
-import mmap
 import os
-import re
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,220 +40,47 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_dir
-from ..constants import GGMLType, ValueType
+from ..constants import GGMLType
 from ..container import ConvertReport, Model, TensorEntry
 from ..errors import (
-    BitformatIOError,
-    CountTooLargeError,
     FormatError,
     InvalidScaleError,
     InvalidTritError,
-    MetadataError,
     ShapeError,
-    TensorLayoutError,
-    TruncatedError,
-    UnknownTypeError,
     UnsupportedConversionError,
 )
-from ..gguf_io import _ARRAY_DTYPE, MetaValue, _pack_value, _sanitize
+from ..gguf_io import MetaValue, sanitize
+from ..safetensors_io import (
+    FLOAT_DTYPES,
+    GGML_OF_ST,
+    ST_ITEMSIZE,
+    ST_OF_GGML,
+    SafeFile,
+    SafeTensor,
+    as_float32,
+    convert_floats,
+    exact_in,
+    read_json,
+    read_tensors,
+    write_safetensors,
+)
 from ..ternary import TernaryTensor, bf16_exact
-
-ARCH = "bitnet-b1.58"
-#: GGUF architectures whose graph is transformers' BitNet (ReLU^2, sub-norms, NEOX RoPE).
-HF_ARCHES = ("bitnet-b1.58", "bitnet-25")
-MAX_HEADER = 100_000_000  # the safetensors library's own cap on the JSON header
-MAX_JSON = 256 << 20
-MAX_DIMS = 8
-DEFAULT_ROPE_THETA = 500000.0  # BitNetConfig.default_theta
-
-#: safetensors dtype -> element size in bytes.
-ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2,
-               "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
-FLOAT_DTYPES = ("BF16", "F16", "F32")
-ST_OF_GGML = {GGMLType.F32: "F32", GGMLType.F16: "F16", GGMLType.BF16: "BF16"}
-GGML_OF_ST = {v: k for k, v in ST_OF_GGML.items()}
-
-#: HF module path inside a block -> GGUF tensor name inside ``blk.N``.
-BLOCK_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.attn_sub_norm": "attn_sub_norm", "mlp.ffn_sub_norm": "ffn_sub_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm"}
-HF_NAME = re.compile(r"^(?:model\.layers\.(0|[1-9]\d*)\.)?(.+)\.(weight|weight_scale)$")
-IGNORED = re.compile(r"^model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
-
-
-# -- safetensors, read ----------------------------------------------------------------------
-@dataclass
-class _Tensor:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int  # absolute offset in the file
-    nbytes: int
-    file: _SafeFile
-
-
-class _SafeFile:
-    """One memory-mapped safetensors file, its header strictly checked."""
-
-    def __init__(self, path: Path):
-        self.path = str(path)
-        try:
-            with open(path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size < 8:
-                    raise TruncatedError("file ends inside the 8-byte header length",
-                                         path=self.path)
-                n = struct.unpack("<Q", fh.read(8))[0]
-                if n > MAX_HEADER or n > size - 8:
-                    raise CountTooLargeError(f"header length {n} exceeds the cap {MAX_HEADER} "
-                                             f"or the {size - 8} bytes after it", path=self.path)
-                header = fh.read(n)
-                self._mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except OSError as exc:
-            raise BitformatIOError(f"cannot read: {exc.strerror}", path=self.path) from None
-        try:
-            self.tensors = self._parse(header, 8 + n, size - 8 - n)
-        except BaseException:
-            self._mmap.close()
-            raise
-
-    def _parse(self, header: bytes, data_start: int, data_size: int) -> dict[str, _Tensor]:
-        try:
-            obj = json.loads(header.decode("utf-8"), object_pairs_hook=_unique_keys)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise FormatError(f"header is not valid JSON ({exc})", path=self.path) from None
-        if not isinstance(obj, dict):
-            raise FormatError("header is not a JSON object", path=self.path)
-        out: dict[str, _Tensor] = {}
-        for name, info in obj.items():
-            if name == "__metadata__":
-                if not isinstance(info, dict) or not all(
-                        isinstance(v, str) for v in info.values()):
-                    raise FormatError("__metadata__ must map strings to strings", path=self.path)
-                continue
-            tensor = _sanitize(name)
-            if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-                raise FormatError("entry must hold exactly dtype, shape and data_offsets",
-                                  path=self.path, tensor=tensor)
-            dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
-            if not isinstance(dtype, str) or dtype not in ST_ITEMSIZE:
-                raise UnknownTypeError(f"unknown dtype {_sanitize(str(dtype))!r}",
-                                       path=self.path, tensor=tensor)
-            if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(_is_uint(d)
-                                                                              for d in shape)):
-                raise FormatError(f"shape must be a list of at most {MAX_DIMS} non-negative "
-                                  "integers", path=self.path, tensor=tensor)
-            if not (isinstance(offs, list) and len(offs) == 2 and all(_is_uint(o) for o in offs)
-                    and offs[0] <= offs[1] <= data_size):
-                raise TensorLayoutError(f"data_offsets {offs!r} do not lie inside the "
-                                        f"{data_size} data bytes", path=self.path, tensor=tensor)
-            n = ST_ITEMSIZE[dtype]
-            for d in shape:
-                n *= d
-            if n != offs[1] - offs[0]:
-                raise FormatError(f"{dtype} {shape} needs {n} bytes, data_offsets span "
-                                  f"{offs[1] - offs[0]}", path=self.path, tensor=tensor)
-            out[name] = _Tensor(name, dtype, tuple(shape), data_start + offs[0], n, self)
-        end, last = data_start, None
-        for t in sorted(out.values(), key=lambda t: (t.start, t.nbytes)):
-            if t.start < end:
-                raise TensorLayoutError(f"data overlaps tensor {_sanitize(last)!r}",
-                                        path=self.path, tensor=_sanitize(t.name))
-            end, last = t.start + t.nbytes, t.name
-        return out
-
-    def raw(self, t: _Tensor) -> np.ndarray:
-        return np.frombuffer(self._mmap, dtype=np.uint8, count=t.nbytes, offset=t.start)
-
-    def close(self) -> None:
-        try:
-            self._mmap.close()
-        except BufferError:
-            pass  # arrays still view the map; it closes when they are gone
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"key {_sanitize(k)!r} appears twice")
-        out[k] = v
-    return out
-
-
-def _is_uint(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_JSON + 1)
-    except OSError as exc:
-        raise BitformatIOError(f"cannot read {what}: {exc.strerror}", path=str(path)) from None
-    if len(data) > MAX_JSON:
-        raise CountTooLargeError(f"{what} is larger than {MAX_JSON} bytes", path=str(path))
-    try:
-        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FormatError(f"{what} is not valid JSON ({exc})", path=str(path)) from None
-    if not isinstance(obj, dict):
-        raise FormatError(f"{what} is not a JSON object", path=str(path))
-    return obj
-
-
-def _read_tensors(folder: Path) -> tuple[dict[str, _Tensor], list[_SafeFile]]:
-    """Every tensor of the checkpoint, single-file or sharded through the index."""
-    index = folder / "model.safetensors.index.json"
-    if not index.is_file():
-        if not (folder / "model.safetensors").is_file():
-            raise FormatError("no model.safetensors or model.safetensors.index.json",
-                              path=str(folder))
-        f = _SafeFile(folder / "model.safetensors")
-        return dict(f.tensors), [f]
-    wmap = _read_json(index, "the index").get("weight_map")
-    if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
-        raise FormatError("weight_map must map tensor names to file names", path=str(index))
-    files: dict[str, _SafeFile] = {}
-    tensors: dict[str, _Tensor] = {}
-    try:
-        for name, fname in wmap.items():
-            if Path(fname).name != fname or fname in (".", "..") or not fname.endswith(
-                    ".safetensors"):
-                raise FormatError(f"shard {_sanitize(fname)!r} is not a .safetensors file "
-                                  "in the folder", path=str(index), tensor=_sanitize(name))
-            if fname not in files:
-                files[fname] = _SafeFile(folder / fname)
-            if name not in files[fname].tensors:
-                raise FormatError(f"tensor listed in the index is not in {_sanitize(fname)}",
-                                  path=str(index), tensor=_sanitize(name))
-            tensors[name] = files[fname].tensors[name]
-    except BaseException:
-        for f in files.values():
-            f.close()
-        raise
-    return tensors, list(files.values())
-
-
-# -- safetensors, write ---------------------------------------------------------------------
-def _st_header(entries: list[tuple[str, str, tuple[int, ...], int]]) -> bytes:
-    """Header for (name, dtype, shape, nbytes) laid out back to back, padded to 8 bytes."""
-    head: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, dtype, shape, nbytes in entries:
-        head[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset,
-                                                                               offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(head, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw
-
+from .hf_config import (
+    HF_ARCHES,
+    PROJECTIONS,
+    TORCH_DTYPE,
+    Hyper,
+    bitformat_record,
+    config_json,
+    gguf_metadata,
+    gguf_names,
+    hf_module,
+    hyper_from_config,
+    hyper_from_metadata,
+    quant_mode,
+    read_record,
+    tensor_order,
+)
 
 # -- packing ---------------------------------------------------------------------------------
 SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1, 1)
@@ -282,52 +107,6 @@ def unpack_rows(packed: np.ndarray, *, path: str | None = None,
     return (codes.view(np.int8) - 1).reshape(4 * r, cols)
 
 
-def _floats(raw: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values of BF16/F16/F32 bytes (exact for all three)."""
-    if dtype == "BF16":
-        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-    return raw.view("<f2" if dtype == "F16" else "<f4").astype(np.float32, copy=False)
-
-
-def convert_floats(raw: np.ndarray, src: str, dst: str) -> np.ndarray | None:
-    """BF16/F16/F32 bytes as ``dst`` bytes (uint8), or None unless every value is exact.
-
-    Works in 16 MiB pieces, so a 2B-4T embedding needs no float32 copy of itself.
-    """
-    if src == dst:
-        return raw
-    out = np.empty(raw.size // ST_ITEMSIZE[src] * ST_ITEMSIZE[dst], dtype=np.uint8)
-    at = 0
-    for chunk in _chunks(raw, ST_ITEMSIZE[src]):
-        piece = _convert_piece(chunk, src, dst)
-        if piece is None:
-            return None
-        out[at:at + piece.size] = piece
-        at += piece.size
-    return out
-
-
-def _convert_piece(raw: np.ndarray, src: str, dst: str) -> np.ndarray | None:
-    if src == dst:
-        return raw
-    x = _floats(raw, src)
-    if dst == "F32":
-        return x.view(np.uint8)
-    if dst == "BF16":
-        bits = x.view(np.uint32)
-        return None if (bits & 0xFFFF).any() else (bits >> 16).astype("<u2").view(np.uint8)
-    with np.errstate(over="ignore"):
-        y = x.astype("<f2")
-    same = np.array_equal(y.astype(np.float32).view(np.uint32), x.view(np.uint32))
-    return y.view(np.uint8) if same else None
-
-
-def _chunks(raw: np.ndarray, itemsize: int, step: int = 1 << 24):
-    step -= step % itemsize
-    for i in range(0, raw.size, step):
-        yield raw[i:i + step]
-
-
 def ternarise(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
     """Absmean ternarisation as transformers' ``WeightQuant`` does it, in float32.
 
@@ -342,209 +121,13 @@ def ternarise(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
     return trits, np.float32(1.0) / inv
 
 
-# -- config.json <-> GGUF metadata -----------------------------------------------------------
-@dataclass
-class _Hyper:
-    vocab: int
-    hidden: int
-    ff: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    context: int
-    eps: float
-    theta: float
-
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        """GGUF name -> expected numpy shape of every tensor the model must have."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        h, f = self.hidden, self.ff
-        out = {"token_embd.weight": (self.vocab, h), "output_norm.weight": (h,)}
-        per = {"attn_norm": (h,), "ffn_norm": (h,), "attn_sub_norm": (h,), "ffn_sub_norm": (f,),
-               "attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q),
-               "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f)}
-        for i in range(self.layers):
-            out.update({f"blk.{i}.{k}.weight": s for k, s in per.items()})
-        return out
-
-
-def _need(src: dict[str, Any], key: str, kind: type, where: str, default: Any = None) -> Any:
-    v = src.get(key, default)
-    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v > 0
-          if kind is float else isinstance(v, int) and not isinstance(v, bool) and v > 0)
-    if not ok:
-        raise MetadataError(f"{key} must be a positive {kind.__name__}, got {v!r}", path=where)
-    return kind(v)
-
-
-def _hyper_from_config(cfg: dict[str, Any], where: str) -> _Hyper:
-    heads = _need(cfg, "num_attention_heads", int, where)
-    hidden = _need(cfg, "hidden_size", int, where)
-    kv = _need(cfg, "num_key_value_heads", int, where, heads)
-    head_dim = cfg.get("head_dim") or (hidden // heads)
-    rope = cfg.get("rope_parameters") or {}
-    if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default":
-        raise UnsupportedConversionError(f"rope_parameters {rope!r}: only default RoPE has a "
-                                         "GGUF equivalent here", path=where)
-    theta = rope.get("rope_theta", cfg.get("rope_theta", DEFAULT_ROPE_THETA))
-    h = _Hyper(_need(cfg, "vocab_size", int, where), hidden,
-               _need(cfg, "intermediate_size", int, where),
-               _need(cfg, "num_hidden_layers", int, where), heads, kv,
-               _need({"head_dim": head_dim}, "head_dim", int, where),
-               _need(cfg, "max_position_embeddings", int, where, 2048),
-               _need(cfg, "rms_norm_eps", float, where, 1e-5),
-               _need({"rope_theta": theta}, "rope_theta", float, where))
-    if heads % kv:
-        raise MetadataError(f"{heads} attention heads do not group into {kv} kv heads",
-                            path=where)
-    return h
-
-
-def _hyper_from_metadata(meta: dict[str, MetaValue], arch: str, rows: int, where: str) -> _Hyper:
-    src = {k[len(arch) + 1:]: v.value for k, v in meta.items() if k.startswith(arch + ".")}
-    heads = _need(src, "attention.head_count", int, where)
-    hidden = _need(src, "embedding_length", int, where)
-    return _Hyper(
-        _need(src, "vocab_size", int, where, rows), hidden,
-        _need(src, "feed_forward_length", int, where), _need(src, "block_count", int, where),
-        heads, _need(src, "attention.head_count_kv", int, where, heads),
-        _need(src, "rope.dimension_count", int, where, hidden // heads),
-        _need(src, "context_length", int, where, 2048),
-        _need(src, "attention.layer_norm_rms_epsilon", float, where),
-        _need(src, "rope.freq_base", float, where, 10000.0))  # llama.cpp's default
-
-
-def _f32(x: float) -> float:
-    """The shortest decimal that reads back as the same float32 (1e-05, not 9.99e-06)."""
-    return float(str(np.float32(x)))
-
-
-def _derived_metadata(h: _Hyper, arch: str, tokenizer: dict[str, MetaValue]
-                      ) -> dict[str, MetaValue]:
-    """The GGUF metadata that config.json and the tokenizer files say, in canonical order."""
-    u32 = lambda v: MetaValue(ValueType.UINT32, int(v))  # noqa: E731
-    f32 = lambda v: MetaValue(ValueType.FLOAT32, float(np.float32(v)))  # noqa: E731
-    meta = {"general.architecture": MetaValue(ValueType.STRING, arch)}
-    for key, mv in (("vocab_size", u32(h.vocab)), ("context_length", u32(h.context)),
-                    ("embedding_length", u32(h.hidden)), ("block_count", u32(h.layers)),
-                    ("feed_forward_length", u32(h.ff)),
-                    ("rope.dimension_count", u32(h.head_dim)),
-                    ("attention.head_count", u32(h.heads)),
-                    ("attention.head_count_kv", u32(h.kv_heads)),
-                    ("attention.layer_norm_rms_epsilon", f32(h.eps)),
-                    ("rope.freq_base", f32(h.theta))):
-        meta[f"{arch}.{key}"] = mv
-    meta.update(tokenizer)
-    return meta
-
-
-def _meta_to_json(mv: MetaValue) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": mv.vtype.name, "value": mv.plain()}
-    if mv.vtype == ValueType.ARRAY:
-        out["item_type"] = mv.item_type.name
-    return out
-
-
-def _meta_from_json(key: str, obj: Any, where: str) -> MetaValue:
-    try:
-        vtype = ValueType[obj["type"]]
-        value = obj["value"]
-        if vtype == ValueType.ARRAY:
-            item = ValueType[obj["item_type"]]
-            if item == ValueType.STRING:
-                if not all(isinstance(s, str) for s in value):
-                    raise TypeError("not strings")
-                return MetaValue(vtype, list(value), item)
-            arr = np.asarray(value, dtype=_ARRAY_DTYPE[item])
-            if arr.ndim != 1 or (arr.dtype.kind in "iu" and not np.array_equal(arr, value)):
-                raise TypeError("values out of range")
-            return MetaValue(vtype, arr.astype(bool) if item == ValueType.BOOL else arr, item)
-        ok = {ValueType.STRING: str, ValueType.BOOL: bool}.get(
-            vtype, (int, float) if vtype in (ValueType.FLOAT32, ValueType.FLOAT64) else int)
-        if not isinstance(value, ok) or (ok is int and isinstance(value, bool)):
-            raise TypeError("wrong type")
-        mv = MetaValue(vtype, float(value) if vtype.name.startswith("FLOAT") else value)
-        _pack_value(mv)  # range check (struct raises for out-of-range integers)
-        return mv
-    except (KeyError, TypeError, ValueError, OverflowError, struct.error, AttributeError):
-        raise MetadataError(f"bitformat.metadata[{_sanitize(key)!r}] is not a typed GGUF value",
-                            path=where) from None
-
-
-def _same(a: MetaValue, b: MetaValue) -> bool:
-    return _pack_value(a) == _pack_value(b)
-
-
-def hf_module(gguf: str) -> str:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj`` (names already checked)."""
-    parts = gguf.split(".")
-    if parts[0] == "blk":
-        return f"model.layers.{parts[1]}.{HF_OF_BLOCK[parts[2]]}"
-    return HF_OF_TOP[parts[0]]
-
-
-HF_OF_BLOCK = {v: k for k, v in BLOCK_NAMES.items()}
-HF_OF_TOP = {v: k for k, v in TOP_NAMES.items()}
-
-
-def _default_order(names: list[str]) -> list[str]:
-    """The official GGUF's order: the HF names sorted as strings (layers 0, 1, 10, 11, ...)."""
-    return sorted(names, key=hf_module)
-
-
 # -- reading ----------------------------------------------------------------------------------
 @dataclass
 class _Projection:
-    tensor: _Tensor
+    tensor: SafeTensor
     rows: int
     cols: int
     scale: np.float32 | None  # None: dense master weights, ternarised on load
-
-
-def _quant_mode(cfg: dict[str, Any], where: str) -> tuple[str, str]:
-    """(linear_class, quantization_mode), transformers' defaults filled in; refuses others."""
-    qc = cfg.get("quantization_config")
-    if qc is None:
-        raise UnsupportedConversionError(
-            "config.json has no quantization_config, so transformers runs these weights as a "
-            "dense model; if they are BitNet master weights, declare them with "
-            '{"quant_method": "bitnet", "linear_class": "autobitlinear", '
-            '"quantization_mode": "online"}', path=where)
-    if not isinstance(qc, dict) or qc.get("quant_method") != "bitnet":
-        raise UnsupportedConversionError("quantization_config is not quant_method bitnet",
-                                         path=where)
-    linear = qc.get("linear_class", "bitlinear")
-    mode = qc.get("quantization_mode", "offline")
-    if linear not in ("bitlinear", "autobitlinear") or mode not in ("offline", "online"):
-        raise MetadataError(f"unknown linear_class {linear!r} / quantization_mode {mode!r}",
-                            path=where)
-    if qc.get("use_rms_norm"):
-        raise UnsupportedConversionError("use_rms_norm adds a norm inside every BitLinear, "
-                                         "which the GGUF graph does not have", path=where)
-    if any(m != "lm_head" for m in qc.get("modules_to_not_convert") or []):
-        raise UnsupportedConversionError("modules_to_not_convert keeps projections dense",
-                                         path=where)
-    return linear, mode
-
-
-def _read_record(cfg: dict[str, Any], where: str
-                 ) -> tuple[list[str], dict[str, MetaValue], set[str], list[str], dict[str, str]]:
-    """config.json's "bitformat" object: key order, stored values, omitted keys, tensor order
-    and the GGUF types of plain tensors where they differ from the defaults."""
-    rec = cfg.get("bitformat", {})
-    if not isinstance(rec, dict):
-        raise MetadataError('"bitformat" in config.json is not an object', path=where)
-    order, omit, torder = (rec.get(k, []) for k in ("metadata_order", "omit", "tensor_order"))
-    stored, types = rec.get("metadata", {}), rec.get("tensor_types", {})
-    if not isinstance(types, dict) or not all(v in FLOAT_DTYPES for v in types.values()):
-        raise MetadataError('"bitformat".tensor_types must name F32, F16 or BF16', path=where)
-    if not isinstance(stored, dict) or not all(
-            isinstance(x, list) and all(isinstance(s, str) for s in x)
-            for x in (order, omit, torder)):
-        raise MetadataError('"bitformat" in config.json is malformed', path=where)
-    extras = {k: _meta_from_json(k, v, where) for k, v in stored.items()}
-    return order, extras, set(omit), torder, types
 
 
 def open_hf(path: str | os.PathLike) -> Model:
@@ -560,21 +143,17 @@ def open_hf(path: str | os.PathLike) -> Model:
 
     folder = Path(path)
     where = str(folder / "config.json")
-    cfg = _read_json(folder / "config.json", "config.json")
+    cfg = read_json(folder / "config.json", "config.json")
     if cfg.get("model_type") != "bitnet":
         raise UnsupportedConversionError(f"model_type {cfg.get('model_type')!r} is not bitnet "
                                          "(BitNetForCausalLM)", path=where)
-    linear, mode = _quant_mode(cfg, where)
-    h = _hyper_from_config(cfg, where)
-    order, extras, omit, torder, types = _read_record(cfg, where)
-    tensors, files = _read_tensors(folder)
+    linear, mode = quant_mode(cfg, where)
+    h = hyper_from_config(cfg, where)
+    order, extras, omit, torder, types = read_record(cfg, where)
+    tensors, files = read_tensors(folder)
     try:
-        arch_mv = extras.get("general.architecture")
-        arch = arch_mv.value if arch_mv is not None and arch_mv.value in HF_ARCHES else ARCH
         tok = from_hf_files(folder) if (folder / "tokenizer.json").is_file() else {}
-        derived = _derived_metadata(h, arch, tok)
-        meta = {k: extras.get(k, derived.get(k)) for k in order if k in extras or k in derived}
-        meta.update((k, v) for k, v in derived.items() if k not in meta and k not in omit)
+        meta = gguf_metadata(h, order, extras, omit, tok)
         model = _build(folder, cfg, h, (linear, mode), tensors, files, meta, (torder, types))
     except BaseException:
         for f in files:
@@ -583,31 +162,16 @@ def open_hf(path: str | os.PathLike) -> Model:
     return model
 
 
-def _build(folder: Path, cfg: dict[str, Any], h: _Hyper, quant: tuple[str, str],
-           tensors: dict[str, _Tensor], files: list[_SafeFile], meta: dict[str, MetaValue],
+def _build(folder: Path, cfg: dict[str, Any], h: Hyper, quant: tuple[str, str],
+           tensors: dict[str, SafeTensor], files: list[SafeFile], meta: dict[str, MetaValue],
            record: tuple[list[str], dict[str, str]]) -> Model:
     """Map the checkpoint's tensors to GGUF entries, check them, and wrap them as a Model."""
     where = str(folder)
     linear, mode = quant
     shapes = h.shapes()
-    found: dict[str, _Tensor] = {}
-    scales: dict[str, _Tensor] = {}
-    for name in sorted(tensors):
-        if IGNORED.match(name) or name == "lm_head.weight":
-            continue
-        m = HF_NAME.match(name)
-        layer, module, kind = m.groups() if m else (None, None, None)
-        gguf = None
-        if layer is None and module in TOP_NAMES and kind == "weight":
-            gguf = f"{TOP_NAMES[module]}.weight"
-        elif layer is not None and module in BLOCK_NAMES and int(layer) < h.layers:
-            gguf = f"blk.{layer}.{BLOCK_NAMES[module]}.weight"
-            if kind == "weight_scale" and BLOCK_NAMES[module] not in PROJECTIONS:
-                gguf = None
-        if gguf is None:
-            raise FormatError("unexpected tensor for a BitNetForCausalLM with "
-                              f"{h.layers} layers", path=where, tensor=_sanitize(name))
-        (scales if kind == "weight_scale" else found)[gguf] = tensors[name]
+    weights, scale_names = gguf_names(tensors, h.layers, where)
+    found = {gguf: tensors[name] for gguf, name in weights.items()}
+    scales = {gguf: tensors[name] for gguf, name in scale_names.items()}
     missing = [n for n in shapes if n not in found]
     if missing:
         raise FormatError(f"missing tensor {hf_module(missing[0])}.weight", path=where)
@@ -621,14 +185,14 @@ def _build(folder: Path, cfg: dict[str, Any], h: _Hyper, quant: tuple[str, str],
         raise UnsupportedConversionError("the LM head is not tied to embed_tokens, which the "
                                          "GGUF graph requires", path=where)
 
-    plain: dict[str, tuple[_Tensor, GGMLType]] = {}
+    plain: dict[str, tuple[SafeTensor, GGMLType]] = {}
     tern: dict[str, _Projection] = {}
     scale_changes: dict[str, float] = {}
     entries = []
     torder, types = record
-    for gguf in _ordered(list(found), torder):
+    for gguf in tensor_order(list(found), torder):
         t, want = found[gguf], shapes[gguf]
-        where_t = (t.file.path, _sanitize(t.name))
+        where_t = (t.file.path, sanitize(t.name))
         if gguf.split(".")[-2] not in PROJECTIONS:
             if t.dtype not in FLOAT_DTYPES or t.shape != want:
                 raise ShapeError(f"expected a float tensor {list(want)}, found {t.dtype} "
@@ -672,10 +236,10 @@ def _build(folder: Path, cfg: dict[str, Any], h: _Hyper, quant: tuple[str, str],
         p = tern[name]
         raw = p.tensor.file.raw(p.tensor)
         if p.scale is None:
-            trits, s = ternarise(_floats(raw, p.tensor.dtype).reshape(p.rows, p.cols))
+            trits, s = ternarise(as_float32(raw, p.tensor.dtype).reshape(p.rows, p.cols))
         else:
             trits = unpack_rows(raw.reshape(p.rows // 4, p.cols), path=p.tensor.file.path,
-                                tensor=_sanitize(p.tensor.name))
+                                tensor=sanitize(p.tensor.name))
             s = p.scale
         return TernaryTensor(trits, np.float32([s]), 0, name)
 
@@ -685,7 +249,7 @@ def _build(folder: Path, cfg: dict[str, Any], h: _Hyper, quant: tuple[str, str],
         if raw is None:
             raise FormatError(f"config.json records type {dst}, which cannot hold these "
                               f"{t.dtype} values exactly", path=t.file.path,
-                              tensor=_sanitize(t.name))
+                              tensor=sanitize(t.name))
         return GGML_OF_ST[dst], raw
 
     def close() -> None:
@@ -697,14 +261,7 @@ def _build(folder: Path, cfg: dict[str, Any], h: _Hyper, quant: tuple[str, str],
     return model
 
 
-def _ordered(names: list[str], recorded: list[str]) -> list[str]:
-    """The recorded tensor order if it is a permutation of ``names``, else the default."""
-    if sorted(recorded) == sorted(names):
-        return list(recorded)
-    return _default_order(names)
-
-
-def _packed_scale(t: _Tensor | None, linear: str, path: str, tensor: str
+def _packed_scale(t: SafeTensor | None, linear: str, path: str, tensor: str
                   ) -> tuple[np.float32, float]:
     """The multiplier s of a packed projection and the relative change reading it made."""
     if t is None:
@@ -712,7 +269,7 @@ def _packed_scale(t: _Tensor | None, linear: str, path: str, tensor: str
     if t.dtype not in FLOAT_DTYPES or int(np.prod(t.shape)) != 1:
         raise ShapeError(f"weight_scale must be one BF16/F16/F32 value, found {t.dtype} "
                          f"{list(t.shape)}", path=path, tensor=tensor)
-    stored = _floats(t.file.raw(t), t.dtype)[0]
+    stored = as_float32(t.file.raw(t), t.dtype)[0]
     if linear == "autobitlinear":
         s = stored
     else:  # bitlinear divides by it: s = 1/stored, rounded to the nearest float32
@@ -726,10 +283,7 @@ def _packed_scale(t: _Tensor | None, linear: str, path: str, tensor: str
 
 
 # -- writing ----------------------------------------------------------------------------------
-DROPPED = ("general.file_type", "general.alignment")  # the GGUF writer regenerates these
-
-
-def _check_exportable(model, arch: str) -> _Hyper:
+def _check_exportable(model, arch: str) -> Hyper:
     """Refuse (before writing anything) what a packed BitNetForCausalLM folder cannot hold."""
     if arch not in HF_ARCHES:
         raise UnsupportedConversionError(
@@ -738,7 +292,7 @@ def _check_exportable(model, arch: str) -> _Hyper:
     names = {e.name: e for e in model.entries}
     if "token_embd.weight" not in names:
         raise FormatError("missing tensor token_embd.weight", path=model.path)
-    h = _hyper_from_metadata(model.metadata, arch, names["token_embd.weight"].shape[0],
+    h = hyper_from_metadata(model.metadata, arch, names["token_embd.weight"].shape[0],
                              model.path)
     shapes = h.shapes()
     for name, e in names.items():
@@ -794,33 +348,7 @@ def _folder_dtype(model, dtype: str | None) -> str:
 
 def _fits(model, name: str, dst: str) -> bool:
     gtype, raw = model.plain(name)
-    src = ST_OF_GGML[gtype]
-    if src == dst or dst == "F32":
-        return True
-    return all(_convert_piece(c, src, dst) is not None for c in _chunks(raw, ST_ITEMSIZE[src]))
-
-
-TORCH_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-
-
-def _config(model, h: _Hyper, dtype: str) -> dict[str, Any]:
-    tok = {k: model.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "padding")}
-    cfg: dict[str, Any] = {
-        "architectures": ["BitNetForCausalLM"], "model_type": "bitnet",
-        "vocab_size": h.vocab, "hidden_size": h.hidden, "intermediate_size": h.ff,
-        "num_hidden_layers": h.layers, "num_attention_heads": h.heads,
-        "num_key_value_heads": h.kv_heads, "hidden_act": "relu2",
-        "max_position_embeddings": h.context, "rms_norm_eps": _f32(h.eps),
-        "rope_theta": _f32(h.theta), "tie_word_embeddings": True, "attention_bias": False,
-        "attention_dropout": 0.0, "use_cache": True, "bos_token_id": tok["bos"],
-        "eos_token_id": tok["eos"], "pad_token_id": tok["padding"],
-        "torch_dtype": TORCH_DTYPE[dtype],
-        "quantization_config": {"quant_method": "bitnet", "linear_class": "autobitlinear",
-                                "quantization_mode": "offline"},
-    }
-    if h.head_dim != h.hidden // h.heads:
-        cfg["head_dim"] = h.head_dim
-    return cfg
+    return exact_in(raw, ST_OF_GGML[gtype], dst)
 
 
 def write_hf(model: Model, out: str | os.PathLike, *, allow_scale_rounding: bool = False,
@@ -845,27 +373,14 @@ def write_hf(model: Model, out: str | os.PathLike, *, allow_scale_rounding: bool
     with atomic_dir(out) as tmp:
         plan = _write_packed(model, tmp / ".packed", fdt, allow_scale_rounding, report,
                              progress)
-        _write_safetensors(model, tmp / "model.safetensors", tmp / ".packed", plan)
+        write_safetensors(tmp / "model.safetensors", plan, model.plain, tmp / ".packed")
         report.bytes_written = sum(p[3] for p in plan)
-        cfg = _config(model, h, fdt)
+        cfg = config_json(model, h, fdt)
         tok = {}
         if "tokenizer.ggml.model" in model.metadata:
             to_hf_files(model.metadata, tmp)
             tok = from_hf_files(tmp)
-        derived = _derived_metadata(_hyper_from_config(cfg, str(out)), arch, tok)
-        source = {k: v for k, v in model.metadata.items()
-                  if k not in DROPPED and not k.startswith("bitformat.")}
-        names = [e.name for e in model.entries]
-        types = {e.name: e.encoding for e in model.entries if not e.ternary}
-        cfg["bitformat"] = {
-            "version": 1, "metadata_order": list(source),
-            "metadata": {k: _meta_to_json(v) for k, v in source.items()
-                         if k not in derived or not _same(derived[k], v)},
-            "omit": [k for k in derived if k not in source],
-            "tensor_order": [] if names == _default_order(names) else names,
-            "tensor_types": {k: v for k, v in types.items()
-                             if v != (fdt if k == "token_embd.weight" else "F32")},
-        }
+        cfg["bitformat"] = bitformat_record(model, cfg, arch, tok, fdt, str(out))
         gen = {k: cfg[f"{k}_token_id"] for k in ("bos", "eos", "pad")
                if cfg[f"{k}_token_id"] is not None}
         for fname, obj in (("config.json", cfg), ("generation_config.json", gen)):
@@ -908,26 +423,3 @@ def _write_packed(model, packed_path: Path, fdt: str, allow: bool, report, progr
                 progress(e)
     return plan
 
-
-def _write_safetensors(model, path: Path, packed_path: Path, plan: list) -> None:
-    """Header, then 4-byte, 2-byte and 1-byte tensors (each group by name): all aligned."""
-    plan = sorted(plan, key=lambda p: (-ST_ITEMSIZE[p[1]], p[0]))
-    with open(path, "wb") as fh, open(packed_path, "rb") as side:
-        fh.write(_st_header([p[:4] for p in plan]))
-        for _name, dtype, _shape, nbytes, (kind, src) in plan:
-            if kind == "plain":
-                gtype, raw = model.plain(src)
-                for chunk in _chunks(raw, ST_ITEMSIZE[ST_OF_GGML[gtype]]):
-                    fh.write(memoryview(_convert_piece(chunk, ST_OF_GGML[gtype], dtype)))
-            elif kind == "bytes":
-                fh.write(src)
-            else:
-                side.seek(src)
-                left = nbytes
-                while left:
-                    chunk = side.read(min(left, 1 << 24))
-                    fh.write(chunk)
-                    left -= len(chunk)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.unlink(packed_path)

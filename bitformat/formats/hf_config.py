@@ -1,0 +1,340 @@
+"""What a BitNetForCausalLM folder's config.json and tensor names say in GGUF terms, and back.
+
+config.json holds the hyperparameters (:class:`Hyper`) and ``quantization_config``; from
+them and the tokenizer files come the GGUF metadata (:func:`derived_metadata`). What HF has
+no home for goes into config.json's ``"bitformat"`` object (:func:`bitformat_record`), so a
+GGUF -> hf -> GGUF round trip gives the same bytes::
+
+    "bitformat": {
+      "version": 1,
+      "metadata_order": [GGUF keys in the source's order],
+      "metadata": {key: {"type": ValueType name, "value": v[, "item_type": ValueType name]}
+                   for each key the folder does not derive, or derives differently},
+      "omit": [derived keys the source did not have],
+      "tensor_order": [GGUF tensor names] or [] for the default order (:func:`default_order`),
+      "tensor_types": {GGUF name: "F32" | "F16" | "BF16"} where not the default (the folder
+                      dtype for token_embd.weight, F32 for the norms)
+    }
+
+Reading treats the object as hostile: every stored value MUST be a typed GGUF value that
+packs (integers in range), else :class:`MetadataError`.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..constants import ValueType
+from ..errors import FormatError, MetadataError, UnsupportedConversionError
+from ..gguf_io import ARRAY_DTYPE, MetaValue, pack_value, sanitize
+from ..safetensors_io import FLOAT_DTYPES
+
+ARCH = "bitnet-b1.58"
+#: GGUF architectures whose graph is transformers' BitNet (ReLU^2, sub-norms, NEOX RoPE).
+HF_ARCHES = ("bitnet-b1.58", "bitnet-25")
+DEFAULT_ROPE_THETA = 500000.0  # BitNetConfig.default_theta
+TORCH_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+DROPPED = ("general.file_type", "general.alignment")  # the GGUF writer regenerates these
+
+# -- tensor names ----------------------------------------------------------------------------
+#: HF module path inside a block -> GGUF tensor name inside ``blk.N``.
+BLOCK_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.attn_sub_norm": "attn_sub_norm", "mlp.ffn_sub_norm": "ffn_sub_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm"}
+HF_NAME = re.compile(r"^(?:model\.layers\.(0|[1-9]\d*)\.)?(.+)\.(weight|weight_scale)$")
+IGNORED = re.compile(r"^model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
+
+
+def hf_module(gguf: str) -> str:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj`` (names already checked)."""
+    parts = gguf.split(".")
+    if parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{HF_OF_BLOCK[parts[2]]}"
+    return HF_OF_TOP[parts[0]]
+
+
+HF_OF_BLOCK = {v: k for k, v in BLOCK_NAMES.items()}
+HF_OF_TOP = {v: k for k, v in TOP_NAMES.items()}
+
+
+def default_order(names: list[str]) -> list[str]:
+    """The official GGUF's order: the HF names sorted as strings (layers 0, 1, 10, 11, ...)."""
+    return sorted(names, key=hf_module)
+
+
+def tensor_order(names: list[str], recorded: list[str]) -> list[str]:
+    """The recorded tensor order if it is a permutation of ``names``, else the default."""
+    if sorted(recorded) == sorted(names):
+        return list(recorded)
+    return default_order(names)
+
+
+def gguf_names(names: Iterable[str], layers: int, where: str
+               ) -> tuple[dict[str, str], dict[str, str]]:
+    """GGUF name -> HF name of the weights, and of the weight scales, of a folder with
+    ``layers`` blocks (rotary caches and lm_head.weight skipped); others are refused."""
+    weights: dict[str, str] = {}
+    scales: dict[str, str] = {}
+    for name in sorted(names):
+        if IGNORED.match(name) or name == "lm_head.weight":
+            continue
+        m = HF_NAME.match(name)
+        layer, module, kind = m.groups() if m else (None, None, None)
+        gguf = None
+        if layer is None and module in TOP_NAMES and kind == "weight":
+            gguf = f"{TOP_NAMES[module]}.weight"
+        elif layer is not None and module in BLOCK_NAMES and int(layer) < layers:
+            gguf = f"blk.{layer}.{BLOCK_NAMES[module]}.weight"
+            if kind == "weight_scale" and BLOCK_NAMES[module] not in PROJECTIONS:
+                gguf = None
+        if gguf is None:
+            raise FormatError("unexpected tensor for a BitNetForCausalLM with "
+                              f"{layers} layers", path=where, tensor=sanitize(name))
+        (scales if kind == "weight_scale" else weights)[gguf] = name
+    return weights, scales
+
+
+# -- hyperparameters -------------------------------------------------------------------------
+@dataclass
+class Hyper:
+    vocab: int
+    hidden: int
+    ff: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    context: int
+    eps: float
+    theta: float
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """GGUF name -> expected numpy shape of every tensor the model must have."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h, f = self.hidden, self.ff
+        out = {"token_embd.weight": (self.vocab, h), "output_norm.weight": (h,)}
+        per = {"attn_norm": (h,), "ffn_norm": (h,), "attn_sub_norm": (h,), "ffn_sub_norm": (f,),
+               "attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q),
+               "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f)}
+        for i in range(self.layers):
+            out.update({f"blk.{i}.{k}.weight": s for k, s in per.items()})
+        return out
+
+
+def _need(src: dict[str, Any], key: str, kind: type, where: str, default: Any = None) -> Any:
+    v = src.get(key, default)
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v > 0
+          if kind is float else isinstance(v, int) and not isinstance(v, bool) and v > 0)
+    if not ok:
+        raise MetadataError(f"{key} must be a positive {kind.__name__}, got {v!r}", path=where)
+    return kind(v)
+
+
+def hyper_from_config(cfg: dict[str, Any], where: str) -> Hyper:
+    heads = _need(cfg, "num_attention_heads", int, where)
+    hidden = _need(cfg, "hidden_size", int, where)
+    kv = _need(cfg, "num_key_value_heads", int, where, heads)
+    head_dim = cfg.get("head_dim") or (hidden // heads)
+    rope = cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default":
+        raise UnsupportedConversionError(f"rope_parameters {rope!r}: only default RoPE has a "
+                                         "GGUF equivalent here", path=where)
+    theta = rope.get("rope_theta", cfg.get("rope_theta", DEFAULT_ROPE_THETA))
+    h = Hyper(_need(cfg, "vocab_size", int, where), hidden,
+              _need(cfg, "intermediate_size", int, where),
+              _need(cfg, "num_hidden_layers", int, where), heads, kv,
+              _need({"head_dim": head_dim}, "head_dim", int, where),
+              _need(cfg, "max_position_embeddings", int, where, 2048),
+              _need(cfg, "rms_norm_eps", float, where, 1e-5),
+              _need({"rope_theta": theta}, "rope_theta", float, where))
+    if heads % kv:
+        raise MetadataError(f"{heads} attention heads do not group into {kv} kv heads",
+                            path=where)
+    return h
+
+
+def hyper_from_metadata(meta: dict[str, MetaValue], arch: str, rows: int, where: str) -> Hyper:
+    src = {k[len(arch) + 1:]: v.value for k, v in meta.items() if k.startswith(arch + ".")}
+    heads = _need(src, "attention.head_count", int, where)
+    hidden = _need(src, "embedding_length", int, where)
+    return Hyper(
+        _need(src, "vocab_size", int, where, rows), hidden,
+        _need(src, "feed_forward_length", int, where), _need(src, "block_count", int, where),
+        heads, _need(src, "attention.head_count_kv", int, where, heads),
+        _need(src, "rope.dimension_count", int, where, hidden // heads),
+        _need(src, "context_length", int, where, 2048),
+        _need(src, "attention.layer_norm_rms_epsilon", float, where),
+        _need(src, "rope.freq_base", float, where, 10000.0))  # llama.cpp's default
+
+
+def _f32(x: float) -> float:
+    """The shortest decimal that reads back as the same float32 (1e-05, not 9.99e-06)."""
+    return float(str(np.float32(x)))
+
+
+def derived_metadata(h: Hyper, arch: str, tokenizer: dict[str, MetaValue]
+                     ) -> dict[str, MetaValue]:
+    """The GGUF metadata that config.json and the tokenizer files say, in canonical order."""
+    u32 = lambda v: MetaValue(ValueType.UINT32, int(v))  # noqa: E731
+    f32 = lambda v: MetaValue(ValueType.FLOAT32, float(np.float32(v)))  # noqa: E731
+    meta = {"general.architecture": MetaValue(ValueType.STRING, arch)}
+    for key, mv in (("vocab_size", u32(h.vocab)), ("context_length", u32(h.context)),
+                    ("embedding_length", u32(h.hidden)), ("block_count", u32(h.layers)),
+                    ("feed_forward_length", u32(h.ff)),
+                    ("rope.dimension_count", u32(h.head_dim)),
+                    ("attention.head_count", u32(h.heads)),
+                    ("attention.head_count_kv", u32(h.kv_heads)),
+                    ("attention.layer_norm_rms_epsilon", f32(h.eps)),
+                    ("rope.freq_base", f32(h.theta))):
+        meta[f"{arch}.{key}"] = mv
+    meta.update(tokenizer)
+    return meta
+
+
+# -- config.json -> GGUF ---------------------------------------------------------------------
+def quant_mode(cfg: dict[str, Any], where: str) -> tuple[str, str]:
+    """(linear_class, quantization_mode), transformers' defaults filled in; refuses others."""
+    qc = cfg.get("quantization_config")
+    if qc is None:
+        raise UnsupportedConversionError(
+            "config.json has no quantization_config, so transformers runs these weights as a "
+            "dense model; if they are BitNet master weights, declare them with "
+            '{"quant_method": "bitnet", "linear_class": "autobitlinear", '
+            '"quantization_mode": "online"}', path=where)
+    if not isinstance(qc, dict) or qc.get("quant_method") != "bitnet":
+        raise UnsupportedConversionError("quantization_config is not quant_method bitnet",
+                                         path=where)
+    linear = qc.get("linear_class", "bitlinear")
+    mode = qc.get("quantization_mode", "offline")
+    if linear not in ("bitlinear", "autobitlinear") or mode not in ("offline", "online"):
+        raise MetadataError(f"unknown linear_class {linear!r} / quantization_mode {mode!r}",
+                            path=where)
+    if qc.get("use_rms_norm"):
+        raise UnsupportedConversionError("use_rms_norm adds a norm inside every BitLinear, "
+                                         "which the GGUF graph does not have", path=where)
+    if any(m != "lm_head" for m in qc.get("modules_to_not_convert") or []):
+        raise UnsupportedConversionError("modules_to_not_convert keeps projections dense",
+                                         path=where)
+    return linear, mode
+
+
+def read_record(cfg: dict[str, Any], where: str
+                ) -> tuple[list[str], dict[str, MetaValue], set[str], list[str], dict[str, str]]:
+    """config.json's "bitformat" object: key order, stored values, omitted keys, tensor order
+    and the GGUF types of plain tensors where they differ from the defaults."""
+    rec = cfg.get("bitformat", {})
+    if not isinstance(rec, dict):
+        raise MetadataError('"bitformat" in config.json is not an object', path=where)
+    order, omit, torder = (rec.get(k, []) for k in ("metadata_order", "omit", "tensor_order"))
+    stored, types = rec.get("metadata", {}), rec.get("tensor_types", {})
+    if not isinstance(types, dict) or not all(v in FLOAT_DTYPES for v in types.values()):
+        raise MetadataError('"bitformat".tensor_types must name F32, F16 or BF16', path=where)
+    if not isinstance(stored, dict) or not all(
+            isinstance(x, list) and all(isinstance(s, str) for s in x)
+            for x in (order, omit, torder)):
+        raise MetadataError('"bitformat" in config.json is malformed', path=where)
+    extras = {k: _meta_from_json(k, v, where) for k, v in stored.items()}
+    return order, extras, set(omit), torder, types
+
+
+def gguf_metadata(h: Hyper, order: list[str], extras: dict[str, MetaValue], omit: set[str],
+                  tokenizer: dict[str, MetaValue]) -> dict[str, MetaValue]:
+    """The GGUF metadata of a folder: the derived keys, with the record's order, values and
+    omissions applied (a folder without a record gets the canonical order)."""
+    arch_mv = extras.get("general.architecture")
+    arch = arch_mv.value if arch_mv is not None and arch_mv.value in HF_ARCHES else ARCH
+    derived = derived_metadata(h, arch, tokenizer)
+    meta = {k: extras.get(k, derived.get(k)) for k in order if k in extras or k in derived}
+    meta.update((k, v) for k, v in derived.items() if k not in meta and k not in omit)
+    return meta
+
+
+def _meta_from_json(key: str, obj: Any, where: str) -> MetaValue:
+    try:
+        vtype = ValueType[obj["type"]]
+        value = obj["value"]
+        if vtype == ValueType.ARRAY:
+            item = ValueType[obj["item_type"]]
+            if item == ValueType.STRING:
+                if not all(isinstance(s, str) for s in value):
+                    raise TypeError("not strings")
+                return MetaValue(vtype, list(value), item)
+            arr = np.asarray(value, dtype=ARRAY_DTYPE[item])
+            if arr.ndim != 1 or (arr.dtype.kind in "iu" and not np.array_equal(arr, value)):
+                raise TypeError("values out of range")
+            return MetaValue(vtype, arr.astype(bool) if item == ValueType.BOOL else arr, item)
+        ok = {ValueType.STRING: str, ValueType.BOOL: bool}.get(
+            vtype, (int, float) if vtype in (ValueType.FLOAT32, ValueType.FLOAT64) else int)
+        if not isinstance(value, ok) or (ok is int and isinstance(value, bool)):
+            raise TypeError("wrong type")
+        mv = MetaValue(vtype, float(value) if vtype.name.startswith("FLOAT") else value)
+        pack_value(mv)  # range check (struct raises for out-of-range integers)
+        return mv
+    except (KeyError, TypeError, ValueError, OverflowError, struct.error, AttributeError):
+        raise MetadataError(f"bitformat.metadata[{sanitize(key)!r}] is not a typed GGUF value",
+                            path=where) from None
+
+
+# -- GGUF -> config.json ---------------------------------------------------------------------
+def config_json(model, h: Hyper, dtype: str) -> dict[str, Any]:
+    """config.json of the packed ``autobitlinear``/``offline`` export, without "bitformat"."""
+    tok = {k: model.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "padding")}
+    cfg: dict[str, Any] = {
+        "architectures": ["BitNetForCausalLM"], "model_type": "bitnet",
+        "vocab_size": h.vocab, "hidden_size": h.hidden, "intermediate_size": h.ff,
+        "num_hidden_layers": h.layers, "num_attention_heads": h.heads,
+        "num_key_value_heads": h.kv_heads, "hidden_act": "relu2",
+        "max_position_embeddings": h.context, "rms_norm_eps": _f32(h.eps),
+        "rope_theta": _f32(h.theta), "tie_word_embeddings": True, "attention_bias": False,
+        "attention_dropout": 0.0, "use_cache": True, "bos_token_id": tok["bos"],
+        "eos_token_id": tok["eos"], "pad_token_id": tok["padding"],
+        "torch_dtype": TORCH_DTYPE[dtype],
+        "quantization_config": {"quant_method": "bitnet", "linear_class": "autobitlinear",
+                                "quantization_mode": "offline"},
+    }
+    if h.head_dim != h.hidden // h.heads:
+        cfg["head_dim"] = h.head_dim
+    return cfg
+
+
+def bitformat_record(model, cfg: dict[str, Any], arch: str, tokenizer: dict[str, MetaValue],
+                     dtype: str, where: str) -> dict[str, Any]:
+    """The "bitformat" object: what ``cfg`` and the tokenizer files do not say of ``model``
+    (``dtype`` is the folder's float dtype)."""
+    derived = derived_metadata(hyper_from_config(cfg, where), arch, tokenizer)
+    source = {k: v for k, v in model.metadata.items()
+              if k not in DROPPED and not k.startswith("bitformat.")}
+    names = [e.name for e in model.entries]
+    types = {e.name: e.encoding for e in model.entries if not e.ternary}
+    return {
+        "version": 1, "metadata_order": list(source),
+        "metadata": {k: _meta_to_json(v) for k, v in source.items()
+                     if k not in derived or not _same(derived[k], v)},
+        "omit": [k for k in derived if k not in source],
+        "tensor_order": [] if names == default_order(names) else names,
+        "tensor_types": {k: v for k, v in types.items()
+                         if v != (dtype if k == "token_embd.weight" else "F32")},
+    }
+
+
+def _meta_to_json(mv: MetaValue) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": mv.vtype.name, "value": mv.plain()}
+    if mv.vtype == ValueType.ARRAY:
+        out["item_type"] = mv.item_type.name
+    return out
+
+
+def _same(a: MetaValue, b: MetaValue) -> bool:
+    return pack_value(a) == pack_value(b)
