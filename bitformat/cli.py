@@ -16,7 +16,7 @@ import click
 
 from .errors import BitformatError
 
-CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "hf")
+CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "rans", "hf")
 
 
 def _friendly_errors(fn):
@@ -125,6 +125,39 @@ def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: 
                f"{report.ternary_weights:,} ternary weights)")
     for name, loss in report.scale_changes.items():
         click.echo(f"  scale of {name} rounded: relative change up to {loss:.3g}")
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also draw the report as a PNG at this path.")
+@click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
+              show_default=True, help="i2_s block layout of FILE (files do not record it).")
+@_friendly_errors
+def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> None:
+    """Bits per weight of FILE's model in every container, against the entropy floors, and
+    the bytes one generated token reads in each (all measured from real encodings)."""
+    from .container import open_model
+    from .report import build_report, render
+
+    with open_model(file, i2s_variant=i2s_layout) as model:
+        total = sum(e.nbytes for e in model.entries)
+    bar = _Progress(total, "measuring")
+    try:
+        rep = build_report(file, i2s_variant=i2s_layout, progress=bar)
+    finally:
+        bar.close()
+    if plot is not None:
+        from .report_plot import plot_report
+
+        plot_report(rep, plot)
+    if as_json:
+        click.echo(json.dumps(rep.to_json(), indent=1))
+    else:
+        click.echo(render(rep))
+        if plot is not None:
+            click.echo(f"plot written to {plot}")
 
 
 @main.command()

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .constants import GGMLType, ValueType
+from .constants import GGML_BLOCK_LAYOUT, GGMLType, ValueType
 from .errors import FormatError, MetadataError
 from .formats import FORMAT_IDS, get_format
 from .formats.base import TernaryFormat
@@ -139,6 +139,14 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
                 raise MetadataError(f"encoding {fid!r} must be stored as GGML type "
                                     f"{fmt.storage_type.name}", path=spath, tensor=info.name)
             fmt.check_shape(rows, cols, info.name)
+            if fmt.variable_size:  # any length; decode checks it against the data's header
+                if len(info.shape) != 1 or info.ggml_type != fmt.storage_type:
+                    raise FormatError(f"{fid} data must be a 1-D {fmt.storage_type.name} "
+                                      f"tensor, found {info.ggml_type.name} {info.shape}",
+                                      path=spath, tensor=info.name)
+                codecs[info.name] = (fmt, rows, cols, scale)
+                entries.append(TensorEntry(info.name, (rows, cols), fid, info.nbytes, True))
+                continue
             want = fmt.stored_shape(rows, cols)
             if info.shape != want or info.ggml_type != fmt.storage_type:
                 raise FormatError(f"{fid} data of a {rows}x{cols} matrix must be "
@@ -241,19 +249,18 @@ def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
     meta = output_metadata(model.metadata, fmt)
     for e in model.entries:
         if e.ternary:
-            rows, cols = e.shape
-            fmt.check_shape(rows, cols, e.name)
-            writer.add_tensor(e.name, fmt.stored_shape(rows, cols), fmt.storage_type,
-                              fmt.nbytes(rows, cols))
-        else:
-            gtype, _ = model.plain(e.name)
-            writer.add_tensor(e.name, e.shape, gtype, e.nbytes)
+            fmt.check_shape(*e.shape, e.name)
     # Per-tensor metadata of non-native encodings needs each tensor's scale: a pre-pass
-    # that decodes scales only (cheap for every format) keeps the writer streaming.
+    # that decodes scales only (cheap for every format) keeps the writer streaming. A
+    # variable-size format also encodes each tensor here, once, to learn its size; the
+    # second (deterministic) encoding streams, so one tensor is in memory at a time.
+    sizes: dict[str, int] = {}
     if not fmt.native:
         for e in model.entries:
             if e.ternary:
                 t, _ = fmt.prepare(model.ternary(e.name), allow_scale_rounding)
+                if fmt.variable_size:
+                    sizes[e.name] = int(fmt.encode(t).nbytes)
                 rows, cols = e.shape
                 meta[TENSOR_KEY.format(name=e.name, field="encoding")] = MetaValue(
                     ValueType.STRING, fmt.format_id)
@@ -261,6 +268,18 @@ def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
                     ValueType.ARRAY, np.array([rows, cols], dtype=np.uint64), ValueType.UINT64)
                 meta[TENSOR_KEY.format(name=e.name, field="scale")] = MetaValue(
                     ValueType.FLOAT32, float(t.scales[0]))
+    for e in model.entries:
+        if e.ternary and fmt.variable_size:
+            item = GGML_BLOCK_LAYOUT[fmt.storage_type][1]
+            writer.add_tensor(e.name, (sizes[e.name] // item,), fmt.storage_type,
+                              sizes[e.name])
+        elif e.ternary:
+            rows, cols = e.shape
+            writer.add_tensor(e.name, fmt.stored_shape(rows, cols), fmt.storage_type,
+                              fmt.nbytes(rows, cols))
+        else:
+            gtype, _ = model.plain(e.name)
+            writer.add_tensor(e.name, e.shape, gtype, e.nbytes)
     writer.metadata = meta
 
     def blobs() -> Iterator[np.ndarray]:

@@ -15,8 +15,13 @@ import numba
 import numpy as np
 
 from bitformat.codecs import rans_tables as rt
-from bitformat.codecs.rans_streams import (RansTables, decode_trit_streams, encode_trit_streams,
-                                           row_segment_offsets, segment_offsets)
+from bitformat.codecs.rans_streams import (
+    RansTables,
+    decode_trit_streams,
+    encode_trit_streams,
+    row_segment_offsets,
+    segment_offsets,
+)
 
 
 def best(fn, reps):

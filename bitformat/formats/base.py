@@ -24,11 +24,15 @@ class TernaryFormat:
     ``native`` formats are GGML types that carry their own scales (i2_s, tq2_0, tq1_0).
     The others are stored as a plain integer tensor; their logical shape and per-tensor scale
     travel as ``bitformat.tensor.<name>.*`` metadata, which the container layer handles.
+    ``variable_size`` formats (rans) have no fixed :meth:`stored_shape`: their bytes are a 1-D
+    tensor of ``storage_type`` whose length :meth:`encode` decides, and :meth:`decode` checks
+    the length against the data's own header.
     """
 
     format_id: ClassVar[str]
     storage_type: ClassVar[GGMLType]
     native: ClassVar[bool] = True
+    variable_size: ClassVar[bool] = False  # size depends on the trits (rans): 1-D storage
     file_type: ClassVar[int | None] = None
     scale_block: ClassVar[int] = 0  # 0: one scale per tensor
     scale_dtype: ClassVar[str] = "f32"  # the narrowest float the scales are stored in

@@ -1,0 +1,111 @@
+"""The picture of a :class:`~bitformat.report.Report`: one PNG with two panels.
+
+* Top: bits per weight of every tensor (by layer, then kind) in each container, with the
+  order-0 floors (per tensor, per row, and the model-wide global line) under them.
+* Bottom: the bytes one generated token reads in each container, split into ternary weights,
+  the LM head and the rest (norms and one embedding row), with the LM head's share written on.
+
+matplotlib is imported here only, and drawn through its Agg canvas (no pyplot, no global
+backend switch), so this works without a display and leaves a caller's matplotlib alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .report import LABELS, Report
+
+KIND_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
+STYLE = {  # container -> (colour, line style, marker)
+    "i2_s": ("#7f7f7f", "-", None), "tq2_0": ("#bcbd22", "--", None),
+    "tq1_0": ("#17becf", "-", None), "stfma": ("#9467bd", ":", None),
+    "colpack_u32": ("#8c564b", "-.", None), "base3": ("#ff7f0e", "-", None),
+    "rans": ("#d62728", "-", "."), "zstd19": ("#1f77b4", "-", None),
+}
+
+
+def _order(names: list[str]) -> list[int]:
+    """Tensor indices sorted by layer number, then projection kind (file order otherwise)."""
+    def key(i: int):
+        m = _BLOCK.match(names[i])
+        if not m:
+            return (1 << 30, 0, i)
+        kind = m.group(2)
+        return (int(m.group(1)), KIND_ORDER.index(kind) if kind in KIND_ORDER else 99, i)
+
+    return sorted(range(len(names)), key=key)
+
+
+def plot_report(report: Report, out: str | os.PathLike) -> None:
+    """Draw ``report`` into the PNG file ``out``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 9), layout="constrained")
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, height_ratios=[3, 2])
+    tensors = report.tensors
+    order = _order([t.name for t in tensors])
+    x = list(range(len(order)))
+    for c in report.containers:
+        y = [tensors[i].bpw[c] for i in order]
+        if all(v is None for v in y):
+            continue
+        colour, ls, marker = STYLE.get(c, (None, "-", None))
+        y = [float("nan") if v is None else v for v in y]
+        total = report.model["bits_per_weight"][c]
+        label = f"{LABELS.get(c, c)} ({total:.3f})" if total is not None else LABELS.get(c, c)
+        top.plot(x, y, ls, color=colour, marker=marker, markersize=3, lw=1.2, label=label)
+    fl = report.model["floors"]
+    top.plot(x, [tensors[i].floors["order0_tensor"] for i in order], color="black", lw=1,
+             ls="--", label=f"floor: order-0 per tensor ({fl['order0_tensor']:.3f})")
+    top.plot(x, [tensors[i].floors["order0_row"] for i in order], color="black", lw=1, ls=":",
+             label=f"floor: order-0 per row ({fl['order0_row']:.3f})")
+    top.axhline(fl["order0_global"], color="grey", lw=0.8, ls="-.",
+                label=f"floor: order-0 global ({fl['order0_global']:.3f})")
+    _layer_ticks(top, [tensors[i].name for i in order])
+    top.set_ylabel("bits per ternary weight")
+    top.set_title(f"{os.path.basename(report.path)}: bits per weight per tensor "
+                  "(model-wide in brackets)")
+    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    top.grid(axis="y", alpha=0.3)
+
+    names = list(report.per_token)
+    mb = {k: [report.per_token[c][k] / 1e6 for c in names] for k in
+          ("ternary", "lm_head", "norms", "embedding_row")}
+    rest = [a + b for a, b in zip(mb["norms"], mb["embedding_row"], strict=True)]
+    labels = [LABELS.get(c, c) for c in names]
+    bottom.barh(labels, mb["ternary"], color="#4c72b0", label="ternary weights")
+    bottom.barh(labels, mb["lm_head"], left=mb["ternary"], color="#dd8452",
+                label=f"LM head ({report.lm_head})")
+    left = [a + b for a, b in zip(mb["ternary"], mb["lm_head"], strict=True)]
+    bottom.barh(labels, rest, left=left, color="#55a868", label="norms + embedding row")
+    half = [report.per_token[c]["total"] / 2e6 for c in names]
+    bottom.scatter(half, labels, marker="|", s=400, color="black", zorder=3,
+                   label="half of the token's bytes")
+    for i, c in enumerate(names):
+        share = report.per_token[c]["share"]["lm_head"]
+        bottom.text(mb["ternary"][i] + mb["lm_head"][i] / 2, i, f"LM head {share:.0%}",
+                    va="center", ha="center", fontsize=8, color="white")
+    bottom.invert_yaxis()
+    bottom.set_xlabel("MB read per generated token")
+    bottom.set_title("bytes per generated token, by container")
+    bottom.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(out, dpi=110, format="png")
+
+
+def _layer_ticks(ax, names: list[str]) -> None:
+    ticks, labels, last = [], [], None
+    for i, n in enumerate(names):
+        m = _BLOCK.match(n)
+        layer = m.group(1) if m else None
+        if layer != last and layer is not None:
+            ticks.append(i)
+            labels.append(layer)
+        last = layer
+    step = max(1, len(ticks) // 30)
+    ax.set_xticks(ticks[::step], labels[::step], fontsize=7)
+    ax.set_xlabel("layer (tensors in each: " + ", ".join(KIND_ORDER) + ")")
+    ax.set_xlim(-0.5, len(names) - 0.5)
