@@ -65,6 +65,8 @@ class Model:
     _load_ternary: Callable[[str], TernaryTensor] = field(repr=False)
     _load_plain: Callable[[str], tuple[GGMLType, np.ndarray]] = field(repr=False)
     _close: Callable[[], None] = field(repr=False, default=lambda: None)
+    #: scales changed on reading (an HF "bitlinear" 1/s): tensor -> relative change
+    scale_changes: dict[str, float] = field(default_factory=dict)
 
     def entry(self, name: str) -> TensorEntry:
         for e in self.entries:
@@ -250,24 +252,29 @@ def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
     for e in model.entries:
         if e.ternary:
             fmt.check_shape(*e.shape, e.name)
-    # Per-tensor metadata of non-native encodings needs each tensor's scale: a pre-pass
-    # that decodes scales only (cheap for every format) keeps the writer streaming. A
-    # variable-size format also encodes each tensor here, once, to learn its size; the
-    # second (deterministic) encoding streams, so one tensor is in memory at a time.
+    # Per-tensor metadata of non-native encodings holds each tensor's scale, known only once
+    # the tensor is decoded. A fixed-size format writes a placeholder (an f32 is an f32) and
+    # the header is rewritten in place at the end, so every tensor is decoded once. A
+    # variable-size format must know each tensor's size up front: it encodes every tensor in
+    # a pre-pass, then again (deterministically) while streaming, one tensor in memory at a time.
     sizes: dict[str, int] = {}
+    scale_keys: dict[str, MetaValue] = {}
     if not fmt.native:
         for e in model.entries:
-            if e.ternary:
+            if not e.ternary:
+                continue
+            scale = 0.0
+            if fmt.variable_size:
                 t, _ = fmt.prepare(model.ternary(e.name), allow_scale_rounding)
-                if fmt.variable_size:
-                    sizes[e.name] = int(fmt.encode(t).nbytes)
-                rows, cols = e.shape
-                meta[TENSOR_KEY.format(name=e.name, field="encoding")] = MetaValue(
-                    ValueType.STRING, fmt.format_id)
-                meta[TENSOR_KEY.format(name=e.name, field="shape")] = MetaValue(
-                    ValueType.ARRAY, np.array([rows, cols], dtype=np.uint64), ValueType.UINT64)
-                meta[TENSOR_KEY.format(name=e.name, field="scale")] = MetaValue(
-                    ValueType.FLOAT32, float(t.scales[0]))
+                sizes[e.name] = int(fmt.encode(t).nbytes)
+                scale = float(t.scales[0])
+            rows, cols = e.shape
+            meta[TENSOR_KEY.format(name=e.name, field="encoding")] = MetaValue(
+                ValueType.STRING, fmt.format_id)
+            meta[TENSOR_KEY.format(name=e.name, field="shape")] = MetaValue(
+                ValueType.ARRAY, np.array([rows, cols], dtype=np.uint64), ValueType.UINT64)
+            scale_keys[e.name] = meta[TENSOR_KEY.format(name=e.name, field="scale")] = MetaValue(
+                ValueType.FLOAT32, scale)
     for e in model.entries:
         if e.ternary and fmt.variable_size:
             item = GGML_BLOCK_LAYOUT[fmt.storage_type][1]
@@ -288,6 +295,8 @@ def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
                 t, loss = fmt.prepare(model.ternary(e.name), allow_scale_rounding)
                 if loss:
                     report.scale_changes[e.name] = loss
+                if e.name in scale_keys:
+                    scale_keys[e.name].value = float(t.scales[0])
                 report.ternary_weights += t.rows * t.cols
                 data = fmt.encode(t)
             else:
@@ -298,7 +307,10 @@ def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
                 progress(e)
             yield data
 
-    writer.write(blobs())
+    # Scales the source already rounded on reading (an HF "bitlinear" 1/s) are reported too.
+    for name, change in model.scale_changes.items():
+        report.scale_changes.setdefault(name, change)
+    writer.write(blobs(), refresh_header=bool(scale_keys))
     return report
 
 

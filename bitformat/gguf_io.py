@@ -432,8 +432,13 @@ class GGUFWriter:
             offset += -(-t.nbytes // self.alignment) * self.alignment
         return b"".join(parts)
 
-    def write(self, data: Iterator[np.ndarray | bytes]) -> None:
-        """Write the header and then each declared tensor's bytes, in order."""
+    def write(self, data: Iterator[np.ndarray | bytes], *, refresh_header: bool = False) -> None:
+        """Write the header and then each declared tensor's bytes, in order.
+
+        With ``refresh_header``, the header is serialised again after the data and written
+        over the first one: metadata values the data iterator updated in place (fixed-size
+        values only, such as a per-tensor f32 scale) end up in the file.
+        """
         header = self._header()
         with atomic_file(self.path) as fh:
             fh.write(header)
@@ -450,6 +455,12 @@ class GGUFWriter:
                 count += 1
             if count != len(self.tensors):
                 raise ValueError(f"declared {len(self.tensors)} tensors, got data for {count}")
+            if refresh_header:
+                final = self._header()
+                if len(final) != len(header):
+                    raise ValueError("metadata changed size while the data was written")
+                fh.seek(0)
+                fh.write(final)
 
 
 def read_metadata_only(path: str | os.PathLike) -> dict[str, Any]:

@@ -369,7 +369,7 @@ def write_hf(model: Model, out: str | os.PathLike, *, allow_scale_rounding: bool
     h = _check_exportable(model, arch)
     fdt = _folder_dtype(model, dtype)
     report = ConvertReport(model.path, str(out), "hf")
-    report.scale_changes.update(getattr(model, "scale_changes", {}))
+    report.scale_changes.update(model.scale_changes)
     with atomic_dir(out) as tmp:
         plan = _write_packed(model, tmp / ".packed", fdt, allow_scale_rounding, report,
                              progress)
