@@ -1,0 +1,168 @@
+"""What every runtime backend shares: activation quantization, weight sources, plain tensors.
+
+A backend turns the tensors of an opened container into the three operations
+:mod:`bitformat.runtime.model` needs: ``embed`` (token rows), ``bitlinear`` (int8 activations
+times a ternary matrix read from its container bytes) and ``lm_head`` (the tied, unquantized
+embedding as output projection). Everything else of the model is plain numpy in ``dtype``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..constants import I2_S_TAIL_BYTES, GGMLType
+from ..container import Model
+from ..errors import InvalidScaleError, MetadataError, UnsupportedConversionError
+from ..formats import get_format
+from ..formats.base import TernaryFormat
+from ..ternary import TernaryTensor
+
+#: Ternary encodings whose bytes a backend can read row by row.
+ROW_FORMATS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32")
+
+
+@dataclass
+class QuantizedActivations:
+    """Per-token int8 activations: ``x ~ q / s`` (bitnet.cpp and HF BitLinear, FORMATS.md 3.5).
+
+    ``cache`` holds layouts a backend derives from ``q`` (rearranged copies, block sums), so
+    the projections that share one input (q/k/v, gate/up) derive them once.
+    """
+
+    q: np.ndarray  # int8 [T, n]
+    s: np.ndarray  # [T], 127 / max(max|x|, 1e-5), in the model dtype
+    cache: dict[str, Any] = field(default_factory=dict)
+
+
+def quantize_activations(x: np.ndarray) -> QuantizedActivations:
+    """``s = 127 / max(max|x|, 1e-5)`` per row, ``q = clamp(round_half_even(x s), -128, 127)``.
+
+    Computed in ``x``'s dtype (float32 like HF's float32 model, or float64).
+    """
+    dt = x.dtype.type
+    s = dt(127.0) / np.maximum(np.max(np.abs(x), axis=-1), dt(1e-5))  # [T]
+    q = np.clip(np.rint(x * s[:, None]), -128, 127).astype(np.int8)  # [T, n]
+    return QuantizedActivations(q, s)
+
+
+@dataclass
+class TernarySource:
+    """One ternary matrix as its container bytes, with what it takes to decode rows of it."""
+
+    name: str
+    encoding: str
+    rows: int
+    cols: int
+    raw: np.ndarray  # uint8, the whole tensor's bytes (memory-mapped)
+    fmt: TernaryFormat
+    scale: float | None  # the per-tensor scale (i2_s: its tail, stfma/colpack: metadata)
+    row_bytes: int | None  # bytes per row when rows are separable, else None
+
+    def rows_view(self) -> np.ndarray:
+        """uint8 ``[rows, row_bytes]``: each row's bytes (i2_s without its 32-byte tail)."""
+        return self.raw[: self.rows * self.row_bytes].reshape(self.rows, self.row_bytes)
+
+    def decode_rows(self, r0: int, r1: int) -> TernaryTensor:
+        """Rows ``r0:r1`` decoded (and validated) by the format's own reader."""
+        if self.row_bytes is None:
+            if (r0, r1) != (0, self.rows):
+                raise ValueError("rows of this tensor are not separable")
+            sub = self.raw
+        else:
+            sub = self.raw[r0 * self.row_bytes: r1 * self.row_bytes]
+            if self.encoding == "i2_s":
+                n = self.rows * self.cols // 4
+                sub = np.concatenate([sub, self.raw[n: n + I2_S_TAIL_BYTES]])
+        return self.fmt.decode(sub, r1 - r0, self.cols, scale=self.scale, name=self.name)
+
+
+def ternary_source(model: Model, name: str, i2s_variant: str = "x86") -> TernarySource | None:
+    """The byte source of ternary tensor ``name``, or None if its encoding is not row-readable."""
+    e = model.entry(name)
+    if e.encoding not in ROW_FORMATS:
+        return None
+    rows, cols = e.shape
+    _, raw = model.plain(name)
+    if e.encoding == "i2_s":
+        from ..formats.i2_s import I2S
+
+        fmt: TernaryFormat = I2S(i2s_variant)
+        row_bytes = cols // 4 if cols % fmt.block == 0 else None
+        want = rows * cols // 4 + I2_S_TAIL_BYTES
+    else:
+        fmt = get_format(e.encoding)
+        want = fmt.nbytes(rows, cols)
+        row_bytes = want // rows
+    if raw.size != want:
+        raise MetadataError(f"{e.encoding} data of a {rows}x{cols} matrix must take {want} "
+                            f"bytes, found {raw.size}", path=model.path, tensor=name)
+    scale = None
+    if e.encoding == "i2_s":
+        n = rows * cols // 4
+        scale = float(raw[n: n + 4].view("<f4")[0])
+    elif not fmt.native:
+        scale = model.get(f"bitformat.tensor.{name}.scale")
+        if not isinstance(scale, float):
+            raise MetadataError("missing its per-tensor scale", path=model.path, tensor=name)
+    if scale is not None and not np.isfinite(scale):
+        raise InvalidScaleError(f"scale is {scale}", path=model.path, tensor=name)
+    return TernarySource(name, e.encoding, rows, cols, raw, fmt, scale, row_bytes)
+
+
+def plain_array(model: Model, name: str, dtype: type = np.float32) -> np.ndarray:
+    """A float tensor (F32, F16, BF16 or F64 in the file) as ``dtype``, in its logical shape."""
+    gtype, raw = model.plain(name)
+    shape = model.entry(name).shape
+    return rows_as_float(gtype, raw, shape, dtype, model.path, name)
+
+
+def rows_as_float(gtype: GGMLType, raw: np.ndarray, shape: tuple[int, ...], dtype: type,
+                  path: str = "", name: str = "") -> np.ndarray:
+    if gtype == GGMLType.F32:
+        a = raw.view("<f4")
+    elif gtype == GGMLType.F16:
+        a = raw.view("<f2")
+    elif gtype == GGMLType.F64:
+        a = raw.view("<f8")
+    elif gtype == GGMLType.BF16:
+        a = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        raise UnsupportedConversionError(f"cannot use a {gtype.name} tensor as floats",
+                                         path=path, tensor=name)
+    return a.reshape(shape).astype(dtype)
+
+
+class Backend:
+    """Base of the numpy and cpu backends: plain tensors and the embedding lookup."""
+
+    name = "base"
+
+    def __init__(self, model: Model, *, dtype: type = np.float32, i2s_variant: str = "x86"):
+        self.model = model
+        self.dtype = np.dtype(dtype).type
+        self.i2s_variant = i2s_variant
+        self.embed_type, raw = model.plain("token_embd.weight")
+        self.vocab, self.dim = model.entry("token_embd.weight").shape
+        self._embed_raw = raw.reshape(self.vocab, -1)  # one row of bytes per token
+
+    def vector(self, name: str) -> np.ndarray:
+        """A norm gain or other small plain tensor, in the model dtype."""
+        return plain_array(self.model, name, self.dtype)
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """``[T]`` token ids -> ``[T, dim]`` rows of ``token_embd``."""
+        rows = self._embed_raw[tokens]
+        return rows_as_float(self.embed_type, rows.reshape(-1), (len(tokens), self.dim),
+                             self.dtype)
+
+    def weight(self, name: str) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def bitlinear(self, qa: QuantizedActivations, w: Any) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def lm_head(self, h: np.ndarray) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError

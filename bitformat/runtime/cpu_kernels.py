@@ -1,0 +1,617 @@
+"""numba kernels of the ``cpu`` backend: int8 activations times trits read from container bytes.
+
+Every kernel reads the container's own bytes (memory-mapped, never decoded to a dense copy),
+accumulates ``code * q`` in int32 and applies the scales once per row (or per 256-block).
+Codes are ``trit + 1`` except in colpack_u32, so ``sum(trit * q) = sum(code * q) - sum(q)``.
+
+The 2-bit layouts all hold four codes per byte, at four shifts ("slots"). The activations of
+each token are rearranged once (:func:`slot_activations`) into ``XG[g, m]``: the value that
+multiplies the code in slot g of row byte m. Then every kernel is four straight loops (or one
+vpdpbusd per slot and 64 bytes) over contiguous bytes::
+
+    format        slot g of byte m (counting the row's trit bytes only)   slot g at shift
+    i2_s (x86)    element (m // 32) * 128 + 32 g + m % 32                   6 - 2g
+    i2_s (arm64)  element (m // 16) * 64 + 16 g + m % 16                    6 - 2g
+    tq2_0         element (m // 32) * 128 + 32 g + m % 32  (qs bytes)       2g
+    stfma         element 4 m + g                                           2g
+    colpack_u32   element 4 m + g  (code 0: 0, 1: +1, 2: -1)                2g
+
+tq1_0 (base 3) is decoded where it is used: digit k of byte b is 0, 1 or 2 as
+``b * 3**k mod 256`` (uint8 lanes) passes 85 and 170, and each digit of a byte group meets a
+contiguous run of activations (table in :func:`_vnni_tq1_row`).
+
+Two builds of each hot loop exist: ``vnni`` (an ``@intrinsic`` that emits AVX512-VNNI
+vpdpbusd, 64 u8 x s8 products per instruction, and F16C for the f16 LM head) and ``portable``
+(plain numba; int32 arithmetic kept 32-bit with explicit ``np.int32`` so LLVM vectorizes it).
+:func:`kernel_mode` picks one at run time; ``BITFORMAT_CPU_KERNEL=portable`` forces the
+fallback (CI runs on VNNI machines and must still test it). The vnni kernels are compiled only
+when called, so machines without VNNI never see the instruction.
+
+The intrinsics stay in this file although it is long: numba's on-disk cache (``cache=True``)
+is invalidated by the timestamp of the kernel's own file only, so kernels here would keep
+running stale copies of intrinsics edited in another module.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..errors import UnsupportedConversionError
+
+KIND_I2S = 0  # shifts 6, 4, 2, 0; code = trit + 1
+KIND_LOW = 1  # shifts 0, 2, 4, 6; code = trit + 1 (tq2_0, stfma)
+KIND_COLPACK = 2  # shifts 0, 2, 4, 6; code 0: 0, 1: +1, 2: -1
+
+ENV_VAR = "BITFORMAT_CPU_KERNEL"
+
+
+def host_features() -> set[str]:
+    """LLVM's names of the host CPU's features that are present ("avx512vnni", "f16c", ...)."""
+    import llvmlite.binding as llvm
+
+    return {k for k, v in llvm.get_host_cpu_features().items() if v}
+
+
+def kernel_mode() -> str:
+    """``"vnni"`` or ``"portable"``: the env var if set (auto, vnni, portable), else by CPU."""
+    want = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if want not in ("auto", "vnni", "portable"):
+        raise UnsupportedConversionError(f"{ENV_VAR}={want!r}: choose auto, vnni or portable")
+    have = {"avx512vnni", "avx512bw", "avx512vl", "f16c"} <= host_features()
+    if want == "vnni" and not have:
+        raise UnsupportedConversionError(f"{ENV_VAR}=vnni but this CPU lacks one of AVX512 "
+                                         "VNNI, BW, VL or F16C")
+    return "portable" if want == "portable" or not have else "vnni"
+
+
+# -- activation layouts -----------------------------------------------------------------------
+def slot_activations(q: np.ndarray, layout: str, width: int) -> np.ndarray:
+    """int8 ``[T, cols]`` -> ``XG`` int8 ``[T, 4, width // 4]`` for a 2-bit layout (table above).
+
+    ``width`` is the row's code count (cols, or cols padded to 16 for the u32-word formats);
+    padding activations are 0, so padded codes add nothing.
+    """
+    t, cols = q.shape
+    if layout == "plain":  # stfma, colpack_u32: element 4m + g
+        if width != cols:
+            q = np.concatenate([q, np.zeros((t, width - cols), np.int8)], axis=1)
+        return np.ascontiguousarray(q.reshape(t, width // 4, 4).transpose(0, 2, 1))
+    lane = {"x86": 32, "arm64": 16}[layout]  # i2_s variants; tq2_0 uses "x86"
+    x = q.reshape(t, cols // (4 * lane), 4, lane).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(x.reshape(t, 4, cols // 4))
+
+
+def block_sums(q: np.ndarray, block: int = 256) -> np.ndarray:
+    """int32 ``[T, cols // block]``: the sum of q over each scale block."""
+    t, cols = q.shape
+    return q.reshape(t, cols // block, block).sum(axis=2, dtype=np.int32)
+
+
+# -- VNNI intrinsics ----------------------------------------------------------------------------
+_I32x16 = ir.VectorType(ir.IntType(32), 16)
+_I8x64 = ir.VectorType(ir.IntType(8), 64)
+
+
+#: Bytes ahead of the weight being read that the vnni loops prefetch. Without it the 2-thread
+#: kernel streamed 16 GB/s from DRAM against 25-27 GB/s with it (1024 was best of 512..4096).
+PREFETCH = 1024
+
+
+def _prefetch(builder, base, offset):
+    """Hint the line at ``base + offset`` into the caches (llvm.prefetch: read, keep)."""
+    i32 = ir.IntType(32)
+    ptr = builder.gep(base, [offset])
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        ir.VoidType(), [ptr.type, i32, i32, i32]), "llvm.prefetch")
+    builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
+def _load64(builder, base, offset):
+    ptr = builder.gep(base, [offset])
+    return builder.load(builder.bitcast(ptr, _I8x64.as_pointer()), align=1)
+
+
+def _make_vnni_dot(shifts: tuple[int, ...], colpack: bool = False):
+    """Intrinsic ``dot(w, w_off, xg, x_off, x_stride, n) -> int32`` over n 64-byte chunks.
+
+    Chunk i: weight bytes ``w[w_off + 64i : +64]``; slot g's codes ``(byte >> shifts[g]) & 3``
+    meet activations ``xg[x_off + g*x_stride + 64i : +64]``. AVX-512 has no byte shift, so
+    the codes are not shifted down: slot g's bits are masked in place (``code << s``, still a
+    u8) and summed in an accumulator of its own, whose lanes are all multiples of ``2**s``
+    and are shifted back once at the end. For colpack the two bits of a code are dotted
+    separately (trit = low bit - high bit).
+    """
+    parts = []  # (slot, in-place mask, shift back, sign)
+    for g, s in enumerate(shifts):
+        parts += ([(g, 1 << s, s, 1), (g, 2 << s, s + 1, -1)] if colpack else [(g, 3 << s, s, 1)])
+
+    @intrinsic
+    def dot(typingctx, w, w_off, xg, x_off, x_stride, n):
+        sig = types.int32(w, types.intp, xg, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w_arr, w_off, x_arr, x_off, x_stride, n = args
+            wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+            xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
+            vp = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_I32x16, [_I32x16] * 3),
+                "llvm.x86.avx512.vpdpbusd.512")
+            red = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.IntType(32), [_I32x16]),
+                "llvm.vector.reduce.add.v16i32")
+            zero = ir.Constant(_I32x16, None)
+            accs = [cgutils.alloca_once_value(builder, zero) for _ in parts]
+            c64 = ir.Constant(n.type, 64)
+            with cgutils.for_range(builder, n) as loop:
+                i64 = builder.mul(loop.index, c64)
+                wv = _load64(builder, wptr, builder.add(w_off, i64))
+                _prefetch(builder, wptr, builder.add(w_off, builder.add(i64, ir.Constant(
+                    n.type, PREFETCH))))
+                xv = []
+                for g in range(len(shifts)):
+                    xoff = builder.add(builder.add(x_off, i64),
+                                       builder.mul(x_stride, ir.Constant(n.type, g)))
+                    xv.append(builder.bitcast(_load64(builder, xptr, xoff), _I32x16))
+                for acc, (g, mask, _, _) in zip(accs, parts, strict=True):
+                    code = builder.and_(wv, ir.Constant(_I8x64, [mask] * 64))
+                    builder.store(builder.call(vp, [builder.load(acc), builder.bitcast(
+                        code, _I32x16), xv[g]]), acc)
+            total = zero
+            for acc, (_, _, back, sign) in zip(accs, parts, strict=True):
+                v = builder.load(acc)
+                v = builder.ashr(v, ir.Constant(_I32x16, [back] * 16)) if back else v
+                total = builder.add(total, v) if sign > 0 else builder.sub(total, v)
+            return builder.call(red, [total])
+
+        return sig, codegen
+
+    return dot
+
+
+@intrinsic
+def _vnni_tq2_row(typingctx, w, xg, x_off, x_stride, bsum, bs_off, nblocks):
+    """float32 ``sum_b d_b * (dot_b - bsum[bs_off + b])`` over a tq2_0 row's 66-byte blocks.
+
+    Block b: codes ``qs = w[66b : 66b+64]`` in slots at bits 0, 2, 4, 6 (masked in place as in
+    :func:`_make_vnni_dot`), activations ``xg[x_off + g*x_stride + 64b : +64]``, scale ``d``
+    the f16 at ``w[66b + 64]``. Each block's int32 lanes are scaled by d into float lanes, so
+    there is one horizontal sum per row.
+    """
+    sig = types.float32(w, xg, types.intp, types.intp, bsum, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        w_arr, x_arr, x_off, x_stride, b_arr, bs_off, n = args
+        wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+        xptr = context.make_array(signature.args[1])(context, builder, x_arr).data
+        bptr = context.make_array(signature.args[4])(context, builder, b_arr).data
+        f32, f32x16 = ir.FloatType(), ir.VectorType(ir.FloatType(), 16)
+        vp = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_I32x16, [_I32x16] * 3),
+            "llvm.x86.avx512.vpdpbusd.512")
+        red = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(f32, [f32, f32x16]), "llvm.vector.reduce.fadd.v16f32")
+        zero = ir.Constant(_I32x16, None)
+        facc_p = cgutils.alloca_once_value(builder, ir.Constant(f32x16, None))
+        corr_p = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+        with cgutils.for_range(builder, n) as loop:
+            b = loop.index
+            base = builder.mul(b, ir.Constant(n.type, 66))
+            wv = _load64(builder, wptr, base)
+            _prefetch(builder, wptr, builder.add(base, ir.Constant(n.type, PREFETCH)))
+            tot = zero
+            for g in range(4):
+                xoff = builder.add(builder.add(x_off, builder.mul(b, ir.Constant(n.type, 64))),
+                                   builder.mul(x_stride, ir.Constant(n.type, g)))
+                xv = builder.bitcast(_load64(builder, xptr, xoff), _I32x16)
+                code = builder.bitcast(builder.and_(wv, ir.Constant(_I8x64, [3 << 2 * g] * 64)),
+                                       _I32x16)
+                acc = builder.call(vp, [zero, code, xv])
+                tot = builder.add(tot, builder.ashr(acc, ir.Constant(_I32x16, [2 * g] * 16))
+                                  if g else acc)
+            dptr = builder.bitcast(builder.gep(wptr, [builder.add(base, ir.Constant(
+                n.type, 64))]), ir.IntType(16).as_pointer())
+            d = builder.fpext(builder.bitcast(builder.load(dptr, align=1), ir.HalfType()), f32)
+            dv = builder.shuffle_vector(
+                builder.insert_element(ir.Constant(f32x16, ir.Undefined), d,
+                                       ir.Constant(ir.IntType(32), 0)),
+                ir.Constant(f32x16, ir.Undefined), ir.Constant(_I32x16, [0] * 16))
+            builder.store(builder.fadd(builder.load(facc_p), builder.fmul(
+                builder.sitofp(tot, f32x16), dv)), facc_p)
+            bs = builder.load(builder.gep(bptr, [builder.add(bs_off, b)]))
+            builder.store(builder.fadd(builder.load(corr_p), builder.fmul(
+                d, builder.sitofp(bs, f32))), corr_p)
+        total = builder.call(red, [ir.Constant(f32, 0.0), builder.load(facc_p)])
+        return builder.fsub(total, builder.load(corr_p))
+
+    return sig, codegen
+
+
+def _tq1_digit(builder, q):
+    """Base-3 digit of uint8 lanes ``q = b * 3**k mod 256``: 0 up to 85, 1 up to 170, else 2."""
+    vt = q.type
+    width = vt.count
+
+    def above(limit):
+        return builder.zext(builder.icmp_unsigned(">", q, ir.Constant(vt, [limit] * width)), vt)
+
+    return builder.add(above(85), above(170))
+
+
+def _tq1_dot(builder, acc, codes, x):
+    """``acc`` (i32 lanes) + vpdpbusd of u8 ``codes`` and s8 ``x`` (both <32|16 x i8>)."""
+    i32v = acc.type
+    vp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32v, [i32v] * 3),
+                                        f"llvm.x86.avx512.vpdpbusd.{i32v.count * 32}")
+    return builder.call(vp, [acc, builder.bitcast(codes, i32v), builder.bitcast(x, i32v)])
+
+
+def _load_vec(builder, ptr, off, vt):
+    return builder.load(builder.bitcast(builder.gep(ptr, [off]), vt.as_pointer()), align=1)
+
+
+@intrinsic
+def _vnni_tq1_row(typingctx, w, x, x_off, bsum, bs_off, nblocks):
+    """float32 ``sum_b d_b * (dot_b - bsum[bs_off + b])`` over a tq1_0 row's 54-byte blocks.
+
+    Digits are decoded in uint8 lanes (``q*3`` by two adds) and meet contiguous activations:
+    qs[0:32] digit k holds elements 32k + m (256-bit vpdpbusd); qs[32:48] digit k elements
+    160 + 16k + m (128-bit); qh[0:4] is spread to 16 lanes 4k + m, times 3**k, which hold
+    elements 240 + 4k + m (128-bit).
+    """
+    sig = types.float32(w, x, types.intp, bsum, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        w_arr, x_arr, x_off, b_arr, bs_off, n = args
+        wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+        xptr = context.make_array(signature.args[1])(context, builder, x_arr).data
+        bptr = context.make_array(signature.args[3])(context, builder, b_arr).data
+        f32 = ir.FloatType()
+        v32, v16, v4 = (ir.VectorType(ir.IntType(8), k) for k in (32, 16, 4))
+        a8, a4 = ir.VectorType(ir.IntType(32), 8), ir.VectorType(ir.IntType(32), 4)
+        red8, red4 = (cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(32), [t]),
+            f"llvm.vector.reduce.add.v{t.count}i32") for t in (a8, a4))
+        acc_p = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+
+        def at(base, k):
+            return builder.add(base, ir.Constant(n.type, k))
+
+        with cgutils.for_range(builder, n) as loop:
+            b = loop.index
+            base = builder.mul(b, ir.Constant(n.type, 54))
+            _prefetch(builder, wptr, builder.add(base, ir.Constant(n.type, PREFETCH)))
+            xb = builder.add(x_off, builder.mul(b, ir.Constant(n.type, 256)))
+            acc8, acc4 = ir.Constant(a8, None), ir.Constant(a4, None)
+            for acc_i, vt, first, step, elem in ((0, v32, 0, 32, 0), (1, v16, 32, 16, 160)):
+                q = _load_vec(builder, wptr, at(base, first), vt)
+                for k in range(5):
+                    if k:
+                        q = builder.add(q, builder.add(q, q))  # times 3, wrapping in uint8
+                    xv = _load_vec(builder, xptr, at(xb, elem + step * k), vt)
+                    if acc_i == 0:
+                        acc8 = _tq1_dot(builder, acc8, _tq1_digit(builder, q), xv)
+                    else:
+                        acc4 = _tq1_dot(builder, acc4, _tq1_digit(builder, q), xv)
+            qh = builder.shuffle_vector(_load_vec(builder, wptr, at(base, 48), v4),
+                                        ir.Constant(v4, ir.Undefined),
+                                        ir.Constant(ir.VectorType(ir.IntType(32), 16),
+                                                    [m for _ in range(4) for m in range(4)]))
+            qh = builder.mul(qh, ir.Constant(v16, [3 ** k for k in range(4) for _ in range(4)]))
+            acc4 = _tq1_dot(builder, acc4, _tq1_digit(builder, qh),
+                            _load_vec(builder, xptr, at(xb, 240), v16))
+            dot = builder.add(builder.call(red8, [acc8]), builder.call(red4, [acc4]))
+            dptr = builder.bitcast(builder.gep(wptr, [at(base, 52)]), ir.IntType(16).as_pointer())
+            d = builder.fpext(builder.bitcast(builder.load(dptr, align=1), ir.HalfType()), f32)
+            bs = builder.load(builder.gep(bptr, [builder.add(bs_off, b)]))
+            builder.store(builder.fadd(builder.load(acc_p), builder.fmul(
+                d, builder.sitofp(builder.sub(dot, bs), f32))), acc_p)
+        return builder.load(acc_p)
+
+    return sig, codegen
+
+
+_vnni_i2s = _make_vnni_dot((6, 4, 2, 0))
+_vnni_low = _make_vnni_dot((0, 2, 4, 6))
+_vnni_colpack = _make_vnni_dot((0, 2, 4, 6), colpack=True)
+
+
+@intrinsic
+def _f16_bits(typingctx, h):
+    """float32 from the bits of an IEEE half (uint16): fpext, vcvtph2ps once vectorized."""
+    sig = types.float32(h)
+
+    def codegen(context, builder, signature, args):
+        half = builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
+        return builder.fpext(half, ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _prefetch_row(typingctx, a, row):
+    """Prefetch every 64-byte line of row ``row`` of the 2-D array ``a`` (if it exists)."""
+    sig = types.void(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        nrows, row_bytes = cgutils.unpack_tuple(builder, ary.shape)[0], cgutils.unpack_tuple(
+            builder, ary.strides)[0]
+        base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+        inside = builder.icmp_signed("<", args[1], nrows)
+        with builder.if_then(inside):
+            start = builder.mul(args[1], row_bytes)
+            lines = builder.sdiv(builder.add(row_bytes, ir.Constant(row_bytes.type, 63)),
+                                 ir.Constant(row_bytes.type, 64))
+            with cgutils.for_range(builder, lines) as loop:
+                _prefetch(builder, base, builder.add(start, builder.mul(
+                    loop.index, ir.Constant(row_bytes.type, 64))))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _bf16_bits(typingctx, h):
+    """float32 from the bits of a bfloat16 (uint16): the high half of the float32."""
+    sig = types.float32(h)
+
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32),
+                                                                                16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return sig, codegen
+
+
+# -- scalar helpers -----------------------------------------------------------------------------
+@njit(inline="always")
+def _f16(lo, hi):
+    """float32 of the little-endian half in bytes (lo, hi); exact, no special instruction."""
+    h = np.int32(lo) | (np.int32(hi) << 8)
+    e = (h >> 10) & 31
+    mant = h & 1023
+    if e == 0:
+        v = math.ldexp(float(mant), -24)
+    elif e == 31:
+        v = math.inf if mant == 0 else math.nan
+    else:
+        v = math.ldexp(float(mant + 1024), e - 25)
+    return np.float32(-v if h & 0x8000 else v)
+
+
+@njit(inline="always")
+def _slot_dot(wr, w0, xs, x0, n, s):
+    """sum over m < n of ((wr[w0+m] >> s) & 3) * xs[x0+m], kept in int32 lanes."""
+    acc = np.int32(0)
+    for m in range(n):
+        acc = np.int32(acc + np.int32((wr[w0 + m] >> s) & 3) * np.int32(xs[x0 + m]))
+    return acc
+
+
+@njit(inline="always")
+def _slot_dot_colpack(wr, w0, xs, x0, n, s):
+    acc = np.int32(0)
+    for m in range(n):
+        b = np.int32(wr[w0 + m])
+        acc = np.int32(acc + np.int32(((b >> s) & 1) - ((b >> (s + 1)) & 1)) * np.int32(xs[x0 + m]))
+    return acc
+
+
+@njit(inline="always")
+def _dot2_portable(wr, w0, xg, x0, n, kind):
+    """The four slot loops over n bytes of one row (``xg`` = ``XG[t]``)."""
+    if kind == KIND_I2S:
+        return (_slot_dot(wr, w0, xg[0], x0, n, 6) + _slot_dot(wr, w0, xg[1], x0, n, 4)
+                + _slot_dot(wr, w0, xg[2], x0, n, 2) + _slot_dot(wr, w0, xg[3], x0, n, 0))
+    if kind == KIND_LOW:
+        return (_slot_dot(wr, w0, xg[0], x0, n, 0) + _slot_dot(wr, w0, xg[1], x0, n, 2)
+                + _slot_dot(wr, w0, xg[2], x0, n, 4) + _slot_dot(wr, w0, xg[3], x0, n, 6))
+    return (_slot_dot_colpack(wr, w0, xg[0], x0, n, 0)
+            + _slot_dot_colpack(wr, w0, xg[1], x0, n, 2)
+            + _slot_dot_colpack(wr, w0, xg[2], x0, n, 4)
+            + _slot_dot_colpack(wr, w0, xg[3], x0, n, 6))
+
+
+@njit(inline="always")
+def _dot2_vnni(wr, XG, t, kind):
+    """The whole row ``wr`` against ``XG[t]``: vpdpbusd on 64-byte chunks, loops for the rest."""
+    bpr = XG.shape[2]
+    chunks = bpr // 64
+    x0 = t * 4 * bpr  # XG[t] starts here in the flat buffer
+    if kind == KIND_I2S:
+        acc = _vnni_i2s(wr, 0, XG, x0, bpr, chunks)
+    elif kind == KIND_LOW:
+        acc = _vnni_low(wr, 0, XG, x0, bpr, chunks)
+    else:
+        acc = _vnni_colpack(wr, 0, XG, x0, bpr, chunks)
+    done = chunks * 64
+    if done < bpr:
+        acc += _dot2_portable(wr, done, XG[t], done, bpr - done, kind)
+    return acc
+
+
+# -- per-tensor-scale 2-bit formats: i2_s, stfma, colpack_u32 ------------------------------------
+@njit(parallel=True, cache=True)
+def mm2_portable(W, XG, corr, s, ws, kind, out):
+    """out[t, r] = float32(sum_m code*XG - corr[t]) / s[t] * ws for row bytes ``W[r]``."""
+    rows, bpr = W.shape
+    for r in prange(rows):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            d = _dot2_portable(wr, 0, XG[t], 0, bpr, kind)
+            out[t, r] = np.float32(d - corr[t]) / s[t] * ws
+
+
+@njit(parallel=True, cache=True)
+def mm2_vnni(W, XG, corr, s, ws, kind, out):
+    rows, bpr = W.shape
+    for r in prange(rows):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            d = _dot2_vnni(wr, XG, t, kind)
+            out[t, r] = np.float32(d - corr[t]) / s[t] * ws
+
+
+# -- tq2_0: 66-byte blocks, qs[64] then f16 d ------------------------------------------------------
+@njit(parallel=True, cache=True)
+def tq2_portable(W, XG, bsum, s, out):
+    """out[t, r] = sum_b d_b * float32(dot_b - bsum[t, b]) / s[t] over the row's blocks."""
+    for r in prange(W.shape[0]):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            acc = np.float32(0.0)
+            for b in range(bsum.shape[1]):
+                d = _dot2_portable(wr, b * 66, XG[t], b * 64, 64, KIND_LOW)
+                acc += _f16(wr[b * 66 + 64], wr[b * 66 + 65]) * np.float32(d - bsum[t, b])
+            out[t, r] = acc / s[t]
+
+
+@njit(parallel=True, cache=True)
+def tq2_vnni(W, XG, bsum, s, out):
+    bpr, nb = XG.shape[2], bsum.shape[1]
+    for r in prange(W.shape[0]):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            out[t, r] = _vnni_tq2_row(wr, XG, t * 4 * bpr, bpr, bsum, t * nb, nb) / s[t]
+
+
+# -- tq1_0: 54-byte blocks, base-3 qs[48] + qh[4], then f16 d --------------------------------------
+@njit(inline="always")
+def _tq1_group(wr, o, x, x0, width, ndig):
+    """sum over bytes m < width and digits k < ndig of digit_k(wr[o+m]) * x[x0 + k*width + m].
+
+    Digit k of byte b is ``(q * 3) >> 8`` with ``q = b * 3**k mod 256``, i.e. 0 for q <= 85,
+    1 up to 170, else 2 (q wraps in uint8 on purpose).
+    """
+    acc = np.int32(0)
+    for m in range(width):
+        b = wr[o + m]
+        p = np.uint8(1)
+        for k in range(ndig):
+            q = np.uint8(b * p)
+            acc = np.int32(acc + (np.int32(q > 85) + np.int32(q > 170))
+                           * np.int32(x[x0 + k * width + m]))
+            p = np.uint8(p * 3)
+    return acc
+
+
+@njit(parallel=True, cache=True)
+def tq1_portable(W, Q, bsum, s, out):
+    """Like tq2_0, with Q in element order and the digits decoded where they are used."""
+    for r in prange(W.shape[0]):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            qt = Q[t]
+            acc = np.float32(0.0)
+            for b in range(bsum.shape[1]):
+                o, x0 = b * 54, b * 256
+                d = (_tq1_group(wr, o, qt, x0, 32, 5) + _tq1_group(wr, o + 32, qt, x0 + 160, 16, 5)
+                     + _tq1_group(wr, o + 48, qt, x0 + 240, 4, 4))
+                acc += _f16(wr[o + 52], wr[o + 53]) * np.float32(d - bsum[t, b])
+            out[t, r] = acc / s[t]
+
+
+@njit(parallel=True, cache=True)
+def tq1_vnni(W, Q, bsum, s, out):
+    cols, nb = Q.shape[1], bsum.shape[1]
+    for r in prange(W.shape[0]):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            out[t, r] = _vnni_tq1_row(wr, Q, t * cols, bsum, t * nb, nb) / s[t]
+
+
+# -- any shape: int8 trits decoded at load (fallback for layouts without a kernel) ------------
+@njit(inline="always")
+def _dot8(a, b, j0, n):
+    """int32 sum of a[j0+m] * b[j0+m] over m < n (``range(n)``: numba vectorizes this loop
+    ten times faster than one over ``range(j0, j0 + n)``)."""
+    acc = np.int32(0)
+    for m in range(n):
+        acc = np.int32(acc + np.int32(a[j0 + m]) * np.int32(b[j0 + m]))
+    return acc
+
+
+@njit(parallel=True, cache=True)
+def mm_trits(T8, scales, Q, s, out):
+    """out[t, r] = sum_b scales[r, b] * float32(sum trit*q over block b) / s[t].
+
+    ``scales`` is float32 [rows, n_blocks] (n_blocks = 1 for a per-tensor scale).
+    """
+    rows, cols = T8.shape
+    nb = scales.shape[1]
+    bl = cols // nb
+    for r in prange(rows):
+        tr = T8[r]
+        for t in range(out.shape[0]):
+            acc = np.float32(0.0)
+            for b in range(nb):
+                acc += scales[r, b] * np.float32(_dot8(tr, Q[t], b * bl, bl))
+            out[t, r] = acc / s[t]
+
+
+# -- LM head: 16-bit or f32 embedding rows times float32 activations -------------------------------
+@njit(parallel=True, cache=True, fastmath=True)
+def lm_head_f32(E, X, out):
+    for v in prange(E.shape[0]):
+        er = E[v]
+        for t in range(X.shape[0]):
+            xt = X[t]
+            acc = np.float32(0.0)
+            for k in range(er.shape[0]):
+                acc += er[k] * xt[k]
+            out[t, v] = acc
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def lm_head_lut(E, lut, X, out):
+    """E uint16 [V, H]; ``lut`` float32[65536] maps the 16 bits to their value (f16 or bf16)."""
+    for v in prange(E.shape[0]):
+        er = E[v]
+        for t in range(X.shape[0]):
+            xt = X[t]
+            acc = np.float32(0.0)
+            for k in range(er.shape[0]):
+                acc += lut[er[k]] * xt[k]
+            out[t, v] = acc
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def lm_head_f16(E, X, out):
+    """E uint16 [V, H] holding IEEE halves; rows two ahead are prefetched (+20% from DRAM)."""
+    for v in prange(E.shape[0]):
+        _prefetch_row(E, v + 2)
+        er = E[v]
+        for t in range(X.shape[0]):
+            xt = X[t]
+            acc = np.float32(0.0)
+            for k in range(er.shape[0]):
+                acc += _f16_bits(er[k]) * xt[k]
+            out[t, v] = acc
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def lm_head_bf16(E, X, out):
+    for v in prange(E.shape[0]):
+        _prefetch_row(E, v + 2)
+        er = E[v]
+        for t in range(X.shape[0]):
+            xt = X[t]
+            acc = np.float32(0.0)
+            for k in range(er.shape[0]):
+                acc += _bf16_bits(er[k]) * xt[k]
+            out[t, v] = acc
+
+
+def lut16(kind: str) -> np.ndarray:
+    """float32[65536]: the value of every 16-bit pattern as an IEEE half or a bfloat16."""
+    bits = np.arange(65536, dtype=np.uint32)
+    if kind == "F16":
+        return bits.astype(np.uint16).view(np.float16).astype(np.float32)
+    return (bits << 16).view(np.float32)

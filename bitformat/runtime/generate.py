@@ -1,0 +1,204 @@
+"""Token generation: sampling, the ``generate_step`` generator, streaming and the simple call.
+
+``generate_step`` prefills the prompt as one batch, then decodes one token per step against
+the KV cache and yields up to ``max_new_tokens`` token ids; ``stream_generate`` adds text,
+stop tokens and timing; ``generate`` collects a whole answer.
+
+>>> from bitformat.runtime import load                           # doctest: +SKIP
+>>> m = load("tiny.gguf", backend="cpu")                         # doctest: +SKIP
+>>> m.generate("Hello", max_new_tokens=8).text                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import UnsupportedConversionError
+from .model import BitNet
+
+Sampler = Callable[[np.ndarray], int]
+
+
+def make_sampler(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None) -> Sampler:
+    """``logits [vocab] -> token id``: greedy at temperature 0, else softmax sampling.
+
+    ``top_k`` keeps the k largest logits (0: all); ``top_p`` keeps the smallest set of tokens
+    whose probability reaches p (1.0: all). Ties in greedy decoding go to the lowest id.
+    """
+    if temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise UnsupportedConversionError(f"bad sampling parameters: temperature {temperature}"
+                                         f", top_k {top_k}, top_p {top_p}")
+    if temperature == 0:
+        return lambda logits: int(np.argmax(logits))
+    rng = np.random.default_rng(seed)
+
+    def sample(logits: np.ndarray) -> int:
+        z = logits.astype(np.float64) / temperature
+        if 0 < top_k < z.size:
+            kth = np.partition(z, -top_k)[-top_k]
+            z = np.where(z >= kth, z, -np.inf)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if top_p < 1.0:
+            order = np.argsort(-p, kind="stable")
+            keep = np.cumsum(p[order]) - p[order] < top_p  # the first token always stays
+            mask = np.zeros_like(p, dtype=bool)
+            mask[order[keep]] = True
+            p = np.where(mask, p, 0.0)
+            p /= p.sum()
+        return int(rng.choice(p.size, p=p))
+
+    return sample
+
+
+def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int],
+                             penalty: float) -> np.ndarray:
+    """CTRL / transformers penalty: seen tokens' logits divided by it if > 0, else multiplied."""
+    if penalty == 1.0 or not len(history):
+        return logits
+    ids = np.unique(np.asarray(history, dtype=np.int64))
+    out = logits.copy()
+    seen = out[ids]
+    out[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
+    return out
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0  # from the first sampled token to the last
+    weight_bytes_per_token: int = 0  # ternary matrices + LM head + norms, read per step
+    kv_bytes_last_token: int = 0  # KV cache read by the last decode step
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        steps = self.generated_tokens - 1  # the first token comes from the prefill
+        return steps / self.generation_seconds if steps > 0 and self.generation_seconds else 0.0
+
+
+def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int = 256,
+                  sampler: Sampler | None = None, repetition_penalty: float = 1.0,
+                  repetition_context: int = 64, context: int | None = None,
+                  stats: GenerationStats | None = None) -> Iterator[int]:
+    """Yield up to ``max_new_tokens`` sampled token ids after ``prompt``.
+
+    The prompt runs as one batch; each next token is one decode step on the KV cache, done only
+    when the consumer asks for it. ``context`` caps prompt + generated tokens (default: the
+    model's context length).
+    """
+    sampler = sampler or make_sampler()
+    limit = context or model.args.context_length
+    if len(prompt) == 0:
+        raise UnsupportedConversionError("the prompt is empty")
+    if len(prompt) > limit:
+        raise UnsupportedConversionError(f"the prompt has {len(prompt)} tokens, more than the "
+                                         f"context of {limit}")
+    max_new_tokens = min(max_new_tokens, limit - len(prompt))
+    stats = stats if stats is not None else GenerationStats()
+    cache = model.new_cache(len(prompt) + max_new_tokens)
+    history = list(prompt)
+    t0 = time.perf_counter()
+    logits = model.forward(prompt, cache)[-1]
+    stats.prompt_tokens = len(prompt)
+    for i in range(max_new_tokens):
+        window = history[-repetition_context:] if repetition_context else history
+        token = sampler(apply_repetition_penalty(logits, window, repetition_penalty))
+        now = time.perf_counter()
+        if i == 0:
+            stats.prompt_seconds, t_first = now - t0, now
+        else:
+            stats.generation_seconds = now - t_first
+        stats.generated_tokens = i + 1
+        history.append(token)
+        yield token
+        if i + 1 < max_new_tokens:
+            logits = model.forward([token], cache)[-1]
+            stats.kv_bytes_last_token = cache.nbytes
+
+
+@dataclass
+class GenerationResponse:
+    """One streamed step: the new text (may be "" while a character is incomplete)."""
+
+    text: str
+    token: int | None
+    finish_reason: str | None  # None while running, then "stop" (a stop token) or "length"
+    stats: GenerationStats
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
+                    max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+                    top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
+                    stop_ids: Sequence[int] | None = None, context: int | None = None,
+                    weight_bytes: int = 0) -> Iterator[GenerationResponse]:
+    """Generate from text (needs ``tokenizer``) or token ids, yielding text as it forms.
+
+    Stops at a stop token (default: the tokenizer's eos and eot ids; the stop token itself is
+    not yielded as text) or after ``max_new_tokens``; the last response carries ``finish_reason``.
+    """
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise UnsupportedConversionError("this model has no tokenizer: pass token ids")
+        ids = tokenizer.encode(prompt)
+    else:
+        ids = [int(t) for t in prompt]
+    stop = set(stop_ids if stop_ids is not None else (tokenizer.eos_ids if tokenizer else ()))
+    stats = GenerationStats(weight_bytes_per_token=weight_bytes)
+    sampler = make_sampler(temperature, top_k, top_p, seed)
+    out: list[int] = []
+    shown = ""
+    for token in generate_step(model, ids, max_new_tokens=max_new_tokens, sampler=sampler,
+                               repetition_penalty=repetition_penalty, context=context,
+                               stats=stats):
+        if token in stop:
+            yield GenerationResponse("", token, "stop", stats)
+            return
+        out.append(token)
+        text = shown
+        if tokenizer is not None:
+            full = tokenizer.decode(out)
+            if not full.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence
+                text = full
+        piece, shown = text[len(shown):], text
+        yield GenerationResponse(piece, token, None, stats)
+    if tokenizer is not None and out:
+        full = tokenizer.decode(out)
+        if full != shown:  # flush what was held back
+            yield GenerationResponse(full[len(shown):], None, None, stats)
+    yield GenerationResponse("", None, "length", stats)
+
+
+def generate(model: BitNet, tokenizer, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
+    """The whole answer of :func:`stream_generate` (same arguments)."""
+    return collect(stream_generate(model, tokenizer, prompt, **kwargs))
+
+
+def collect(responses: Iterable[GenerationResponse]) -> GenerationResult:
+    """Join streamed responses into one :class:`GenerationResult`."""
+    text, tokens = [], []
+    for r in responses:
+        text.append(r.text)
+        if r.token is not None and r.finish_reason != "stop":
+            tokens.append(r.token)
+        if r.finish_reason:
+            return GenerationResult("".join(text), tokens, r.finish_reason, r.stats)
+    raise AssertionError("stream_generate ended without a finish reason")  # pragma: no cover

@@ -1,0 +1,131 @@
+"""``load(path, backend)``: an opened container, ready to generate.
+
+>>> m = load("model.gguf", backend="cpu")                          # doctest: +SKIP
+>>> for r in m.stream_generate("The capital of France is", max_new_tokens=16):   # doctest: +SKIP
+...     print(r.text, end="", flush=True)
+>>> m.last_stats.generation_tps                                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..container import Model, open_model
+from ..errors import MetadataError, UnsupportedConversionError
+from .backend import Backend
+from .generate import (
+    GenerationResponse,
+    GenerationResult,
+    GenerationStats,
+    collect,
+    stream_generate,
+)
+from .model import BitNet, ModelArgs
+
+BACKENDS = ("numpy", "cpu")
+
+
+class LoadedModel:
+    """A model on a backend, with its tokenizer (None if the file has none).
+
+    Attributes: ``args`` (:class:`ModelArgs`), ``net`` (:class:`BitNet`), ``backend``,
+    ``tokenizer``, ``container`` (the format id of its ternary tensors),
+    ``weight_bytes_per_token`` and ``last_stats`` (the last generation's timings).
+    """
+
+    def __init__(self, container: Model, backend: Backend, args: ModelArgs, tokenizer: Any):
+        self.container_model = container
+        self.backend = backend
+        self.args = args
+        self.net = BitNet(args, backend)
+        self.tokenizer = tokenizer
+        self.container = container.container
+        # A decode step reads every ternary matrix, the norms and the whole LM head once.
+        self.weight_bytes_per_token = sum(e.nbytes for e in container.entries)
+        self.last_stats = GenerationStats(weight_bytes_per_token=self.weight_bytes_per_token)
+
+    def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:
+        """Token ids of a prompt (``chat``: as one user turn of the chat template)."""
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        if self.tokenizer is None:
+            raise UnsupportedConversionError("this model has no tokenizer: pass token ids")
+        if chat:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode(text, add_bos=False)
+        return self.tokenizer.encode(prompt)
+
+    def stream_generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
+                        chat: bool = False, **sampling) -> Iterator[GenerationResponse]:
+        """Yield :class:`GenerationResponse` pieces; see :func:`.generate.stream_generate`."""
+        ids = self.encode(prompt, chat=chat)
+        for r in stream_generate(self.net, self.tokenizer, ids, max_new_tokens=max_new_tokens,
+                                 weight_bytes=self.weight_bytes_per_token, **sampling):
+            self.last_stats = r.stats
+            yield r
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, **kwargs
+                 ) -> GenerationResult:
+        """The whole answer: text, token ids, finish reason and stats."""
+        return collect(self.stream_generate(prompt, max_new_tokens, **kwargs))
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits ``[T, vocab]`` of every position, recomputed from scratch (no cache reuse)."""
+        return self.net.forward(tokens, self.net.new_cache(len(tokens)), all_logits=True)
+
+    def close(self) -> None:
+        self.container_model.close()
+
+    def __enter__(self) -> LoadedModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32",
+         threads: int | None = None, i2s_variant: str = "x86", validate: bool = True
+         ) -> LoadedModel:
+    """Open a BitNet container (any format, or an HF folder) on ``backend``.
+
+    ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
+    "float32" or "float64"). ``threads`` fixes the cpu backend's thread count; by default it
+    switches between one thread and all cores, whichever streams faster (see
+    :class:`~.cpu_backend.ThreadPicker`). ``validate`` (cpu) reads every ternary
+    matrix once with its format's checks; the numpy backend checks on every use anyway.
+    """
+    if backend not in BACKENDS:
+        raise UnsupportedConversionError(f"unknown backend {backend!r}; choose "
+                                         f"{' or '.join(BACKENDS)}")
+    if dtype not in ("float32", "float64") or (backend == "cpu" and dtype != "float32"):
+        raise UnsupportedConversionError(f"the {backend} backend does not run in {dtype}")
+    container = open_model(path, i2s_variant=i2s_variant)
+    try:
+        meta = {k: v.plain() for k, v in container.metadata.items()}
+        vocab = container.entry("token_embd.weight").shape[0]
+        args = ModelArgs.from_metadata(meta, vocab_size=vocab)
+        if args.vocab_size != vocab:
+            raise MetadataError(f"vocab_size {args.vocab_size} but token_embd has {vocab} rows",
+                                path=str(path))
+        if backend == "cpu":
+            from .cpu_backend import CpuBackend
+
+            be: Backend = CpuBackend(container, i2s_variant=i2s_variant, threads=threads,
+                                     validate=validate)
+        else:
+            from .numpy_backend import NumpyBackend
+
+            be = NumpyBackend(container, dtype=getattr(np, dtype), i2s_variant=i2s_variant)
+        tokenizer = None
+        if "tokenizer.ggml.tokens" in container.metadata:
+            from ..tokenizer import Tokenizer
+
+            tokenizer = Tokenizer(container.metadata)
+        return LoadedModel(container, be, args, tokenizer)
+    except BaseException:
+        container.close()
+        raise

@@ -1,0 +1,221 @@
+"""BitNet b1.58 (Ma et al. 2024; 2B-4T report 2025) as transformers' BitNetForCausalLM runs it.
+
+One decoder layer, pre-norm residual (FORMATS.md 4.3)::
+
+    a = RMSNorm(h)                              q, k, v = BitLinear(a)      (GQA: kv heads < heads)
+    q, k = RoPE(q), RoPE(k)                     rotate-half pairing (i, i + d/2), theta from file
+    o = softmax(q k^T / sqrt(d) + causal) v     float32 softmax
+    h = h + BitLinear_o(RMSNorm_sub(o))         attn_sub_norm BEFORE o_proj
+    f = RMSNorm(h)                              g = relu(BitLinear_gate(f))^2 * BitLinear_up(f)
+    h = h + BitLinear_down(RMSNorm_sub(g))      ffn_sub_norm BEFORE down_proj
+
+and ``logits = RMSNorm(h) @ E^T`` with the token embedding E (tied, not quantized).
+``BitLinear(x) = (Q8(x) @ T^T) / s * scale``: per-token absmax int8 activations ``Q8(x) = q``
+with ``x ~ q / s`` and trits T with their scale(s). The backend does the BitLinear products and
+the LM head from the container bytes; everything else here is numpy in the backend's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import MetadataError, UnsupportedConversionError
+from .backend import Backend, quantize_activations
+
+#: GGUF architectures with this graph (bitnet.cpp's two names and upstream llama.cpp's).
+ARCHITECTURES = ("bitnet-b1.58", "bitnet-25", "bitnet")
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    dim: int  # hidden size
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int  # FFN (intermediate) width
+    vocab_size: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    context_length: int = 4096
+    arch: str = "bitnet-b1.58"
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any], vocab_size: int | None = None) -> ModelArgs:
+        """From GGUF metadata (plain values): ``<arch>.embedding_length`` and friends."""
+        arch = meta.get("general.architecture")
+        if arch not in ARCHITECTURES:
+            raise UnsupportedConversionError(f"architecture {arch!r} is not BitNet b1.58 "
+                                             f"(expected one of {', '.join(ARCHITECTURES)})")
+
+        def need(key: str, default: Any = None) -> Any:
+            v = meta.get(f"{arch}.{key}", default)
+            if v is None:
+                raise MetadataError(f"missing metadata {arch}.{key}")
+            return v
+
+        heads = int(need("attention.head_count"))
+        args = cls(dim=int(need("embedding_length")), n_layers=int(need("block_count")),
+                   n_heads=heads, n_kv_heads=int(need("attention.head_count_kv", heads)),
+                   hidden_dim=int(need("feed_forward_length")),
+                   vocab_size=int(need("vocab_size", vocab_size)),
+                   norm_eps=float(need("attention.layer_norm_rms_epsilon", 1e-5)),
+                   rope_theta=float(need("rope.freq_base", 10000.0)),
+                   context_length=int(need("context_length", 2048)), arch=arch)
+        rope_dim = meta.get(f"{arch}.rope.dimension_count", args.head_dim)
+        if int(rope_dim) != args.head_dim:
+            raise UnsupportedConversionError(f"partial RoPE ({rope_dim} of {args.head_dim} "
+                                             "head dimensions) is not BitNet's")
+        return args.checked()
+
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelArgs:
+        """From a Hugging Face ``config.json`` of ``BitNetForCausalLM``."""
+        rope = cfg.get("rope_parameters") or {}
+        heads = int(cfg["num_attention_heads"])
+        return cls(dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]),
+                   n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                   hidden_dim=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
+                   norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+                   rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 500000.0))),
+                   context_length=int(cfg.get("max_position_embeddings", 2048))).checked()
+
+    def checked(self) -> ModelArgs:
+        if min(self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.hidden_dim,
+               self.vocab_size, self.context_length) <= 0:
+            raise MetadataError(f"model sizes must be positive: {self}")
+        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.head_dim % 2:
+            raise MetadataError(f"{self.n_heads} heads of an even size do not fit hidden size "
+                                f"{self.dim} and {self.n_kv_heads} kv heads")
+        return self
+
+
+class KVCache:
+    """Keys and values of every layer for the positions seen so far (preallocated)."""
+
+    def __init__(self, args: ModelArgs, max_len: int, dtype: type = np.float32):
+        shape = (args.n_layers, max_len, args.n_kv_heads, args.head_dim)
+        self.k = np.zeros(shape, dtype)  # [layers, max_len, kv_heads, head_dim]
+        self.v = np.zeros(shape, dtype)
+        self.length = 0
+        self.max_len = max_len
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a decode step reads from the cache at its current length."""
+        return 2 * self.length * self.k[0, 0].nbytes * self.k.shape[0]
+
+
+def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
+    """``x / sqrt(mean(x^2) + eps) * gain`` over the last axis."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + x.dtype.type(eps)) * gain
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE: x [T, heads, d], cos/sin [T, d/2]; element i pairs with i + d/2."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # [T, heads, d/2] each
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    """Causal GQA: q [T, H, d] at positions start.., k/v [S, KV, d] -> [T, H*d]."""
+    T, H, d = q.shape
+    S, KV, _ = k.shape
+    qg = q.reshape(T, KV, H // KV, d).transpose(1, 2, 0, 3)  # [KV, G, T, d]
+    scores = qg @ k.transpose(1, 2, 0)[:, None]  # [KV, G, T, S]
+    scores *= scores.dtype.type(1.0 / np.sqrt(d))
+    future = np.arange(S)[None, :] > (start + np.arange(T))[:, None]  # [T, S]
+    scores[..., future] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = p @ v.transpose(1, 0, 2)[:, None]  # [KV, G, T, d]
+    return out.transpose(2, 0, 1, 3).reshape(T, H * d)
+
+
+@dataclass
+class Block:
+    """The weights of one decoder layer: norm gains and backend handles of the projections."""
+
+    attn_norm: np.ndarray
+    attn_sub_norm: np.ndarray
+    ffn_norm: np.ndarray
+    ffn_sub_norm: np.ndarray
+    proj: dict[str, Any]  # "attn_q" ... "ffn_down" -> backend weight
+    out_scale: dict[str, float]  # optional per-projection .scale tensors (upstream "bitnet")
+
+
+class BitNet:
+    """The network: ``forward(tokens, cache)`` -> logits, on any backend."""
+
+    def __init__(self, args: ModelArgs, backend: Backend):
+        self.args, self.be = args, backend
+        names = {e.name for e in backend.model.entries}
+        self.blocks = []
+        for i in range(args.n_layers):
+            p = f"blk.{i}."
+            self.blocks.append(Block(
+                *(backend.vector(f"{p}{n}.weight") for n in
+                  ("attn_norm", "attn_sub_norm", "ffn_norm", "ffn_sub_norm")),
+                {n: backend.weight(f"{p}{n}.weight") for n in PROJECTIONS},
+                {n: float(backend.vector(f"{p}{n}.scale").reshape(-1)[0])
+                 for n in PROJECTIONS if f"{p}{n}.scale" in names}))
+        self.norm = backend.vector("output_norm.weight")
+        d = args.head_dim
+        self.inv_freq = 1.0 / args.rope_theta ** (np.arange(0, d, 2) / d)  # [d/2], float64
+
+    def new_cache(self, max_len: int) -> KVCache:
+        return KVCache(self.args, max_len, self.be.dtype)
+
+    def _linear(self, blk: Block, name: str, qa) -> np.ndarray:
+        y = self.be.bitlinear(qa, blk.proj[name])  # [T, out]
+        return y * y.dtype.type(blk.out_scale[name]) if name in blk.out_scale else y
+
+    def forward(self, tokens: Sequence[int], cache: KVCache, *,
+                all_logits: bool = False) -> np.ndarray:
+        """Run ``tokens`` after the cache's positions; logits [T or 1, vocab] (last by default)."""
+        a = self.args
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        T, start = len(ids), cache.length
+        if T == 0:
+            raise UnsupportedConversionError("no tokens to run")
+        if ids.min() < 0 or ids.max() >= a.vocab_size:
+            bad = int(ids[(ids < 0) | (ids >= a.vocab_size)][0])
+            raise UnsupportedConversionError(f"token id {bad} is outside the vocabulary "
+                                             f"(0..{a.vocab_size - 1})")
+        if start + T > cache.max_len:
+            raise UnsupportedConversionError(f"{start + T} positions exceed the context of "
+                                             f"{cache.max_len}")
+        dt, eps, hd = self.be.dtype, a.norm_eps, a.head_dim
+        angles = np.arange(start, start + T, dtype=dt)[:, None] * self.inv_freq.astype(dt)
+        cos, sin = np.cos(angles), np.sin(angles)  # [T, hd/2], angles in dt as HF's float32
+        h = self.be.embed(ids)  # [T, dim]
+        for i, blk in enumerate(self.blocks):
+            x = quantize_activations(rms_norm(h, blk.attn_norm, eps))
+            q = self._linear(blk, "attn_q", x).reshape(T, a.n_heads, hd)
+            k = self._linear(blk, "attn_k", x).reshape(T, a.n_kv_heads, hd)
+            v = self._linear(blk, "attn_v", x).reshape(T, a.n_kv_heads, hd)
+            cache.k[i, start: start + T] = rope(k, cos, sin)
+            cache.v[i, start: start + T] = v
+            o = attention(rope(q, cos, sin), cache.k[i, : start + T], cache.v[i, : start + T],
+                          start)  # [T, dim]
+            o = quantize_activations(rms_norm(o, blk.attn_sub_norm, eps))
+            h = h + self._linear(blk, "attn_output", o)
+            f = quantize_activations(rms_norm(h, blk.ffn_norm, eps))
+            g = np.maximum(self._linear(blk, "ffn_gate", f), 0)  # [T, hidden_dim]
+            g = g * g * self._linear(blk, "ffn_up", f)  # relu(gate)^2 * up
+            g = quantize_activations(rms_norm(g, blk.ffn_sub_norm, eps))
+            h = h + self._linear(blk, "ffn_down", g)
+        cache.length = start + T
+        h = rms_norm(h if all_logits else h[-1:], self.norm, eps)
+        return self.be.lm_head(h)  # [T or 1, vocab]
