@@ -184,5 +184,78 @@ def synth(preset: str, seed: int, output: Path) -> None:
     click.echo(f"wrote {path} ({preset}, seed {seed})")
 
 
+def _parse_ids(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of token ids",
+                                 param_hint="--prompt-ids") from None
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("-p", "--prompt", help="Prompt text.")
+@click.option("--prompt-ids", help="Prompt as comma-separated token ids (instead of text).")
+@click.option("-n", "--max-tokens", type=int, default=64, show_default=True,
+              help="Tokens to generate at most.")
+@click.option("--backend", type=click.Choice(["numpy", "cpu", "wgpu"]), default="cpu",
+              show_default=True)
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0 means greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--threads", type=int, default=None, help="CPU threads (default: adaptive).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print token ids, text and timings as one JSON object at the end.")
+@click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
+              show_default=True, help="i2_s block layout of FILE.")
+@_friendly_errors
+def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int, backend: str,
+        chat: bool, temperature: float, top_k: int, top_p: float, repetition_penalty: float,
+        seed: int | None, threads: int | None, as_json: bool, i2s_layout: str) -> None:
+    """Generate text from FILE (any container or HF folder), streaming as it goes."""
+    from .runtime import load
+
+    ids = _parse_ids(prompt_ids)
+    if (prompt is None) == (ids is None):
+        raise click.UsageError("give exactly one of --prompt and --prompt-ids")
+    kwargs = {"threads": threads} if backend == "cpu" else {}
+    with load(file, backend=backend, i2s_variant=i2s_layout, **kwargs) as model:
+        tokens: list[int] = []
+        pieces: list[str] = []
+        finish = None
+        for r in model.stream_generate(prompt if ids is None else ids, max_tokens, chat=chat,
+                                       temperature=temperature, top_k=top_k, top_p=top_p,
+                                       repetition_penalty=repetition_penalty, seed=seed):
+            if r.token is not None:
+                tokens.append(r.token)
+            pieces.append(r.text)
+            finish = r.finish_reason
+            if not as_json:
+                click.echo(r.text, nl=False)
+        stats = model.last_stats
+    if as_json:
+        click.echo(json.dumps({
+            "tokens": tokens, "text": "".join(pieces), "finish_reason": finish,
+            "backend": backend, "container": model.container,
+            "prompt_tokens": stats.prompt_tokens, "prompt_tokens_per_s": stats.prompt_tps,
+            "generated_tokens": stats.generated_tokens,
+            "generation_tokens_per_s": stats.generation_tps,
+            "bytes_read_per_token": stats.weight_bytes_per_token + stats.kv_bytes_last_token,
+        }))
+        return
+    click.echo()
+    click.echo(f"[{model.container} on {backend}] prompt {stats.prompt_tokens} tokens at "
+               f"{stats.prompt_tps:.1f} tok/s, generated {stats.generated_tokens} at "
+               f"{stats.generation_tps:.1f} tok/s, {stats.weight_bytes_per_token / 1e6:.2f} MB "
+               f"of weights + {stats.kv_bytes_last_token / 1e6:.3f} MB of KV cache read per "
+               "token", err=True)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

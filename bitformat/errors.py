@@ -76,5 +76,10 @@ class UnsupportedConversionError(BitformatError, ValueError):
     """A requested conversion or option is not possible for this input."""
 
 
+class RequestError(BitformatError, ValueError):
+    """A request to run a model cannot be served (prompt too long, token id outside the
+    vocabulary, unknown backend, bad sampling parameters)."""
+
+
 class BitformatIOError(BitformatError, OSError):
     """Reading or writing a file failed at the operating-system level."""

@@ -75,3 +75,31 @@ def test_bad_file_gives_message_not_traceback(tmp_path):
 def test_unknown_target_is_rejected(tiny_gguf):
     result = CliRunner().invoke(main, ["convert", str(tiny_gguf), "--to", "q4_0"])
     assert result.exit_code == 2 and "q4_0" in result.output
+
+
+def test_run_streams_and_reports(tiny_gguf):
+    r = run("run", tiny_gguf, "-p", "def f(x):", "-n", 6, "--backend", "numpy")
+    assert r.exit_code == 0, r.output
+    assert "tok/s" in r.output and "MB of weights" in r.output
+
+
+def test_run_json_matches_python_api(tiny_gguf):
+    import bitformat
+
+    r = run("run", tiny_gguf, "--prompt-ids", "1,2,3", "-n", 5, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    with bitformat.load(tiny_gguf, backend="cpu") as m:
+        want = m.generate([1, 2, 3], 5)
+    assert out["tokens"] == want.tokens and out["text"] == want.text
+    assert out["generated_tokens"] == len(want.tokens)
+    assert out["bytes_read_per_token"] >= m.weight_bytes_per_token
+
+
+def test_run_bad_requests(tiny_gguf):
+    result = CliRunner().invoke(main, ["run", str(tiny_gguf), "--prompt-ids", "1,9999"])
+    assert result.exit_code == 1 and "outside the vocabulary" in result.output
+    result = CliRunner().invoke(main, ["run", str(tiny_gguf)])
+    assert result.exit_code == 2 and "exactly one of --prompt" in result.output
+    result = CliRunner().invoke(main, ["run", str(tiny_gguf), "--prompt-ids", "a,b"])
+    assert result.exit_code == 2 and "token ids" in result.output

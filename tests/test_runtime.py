@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from bitformat.container import convert, open_model
-from bitformat.errors import UnsupportedConversionError
+from bitformat.errors import RequestError, UnsupportedConversionError
 from bitformat.formats import FORMAT_IDS
 from bitformat.runtime import ModelArgs, load, make_sampler
 from bitformat.runtime import model as model_mod
@@ -376,19 +376,19 @@ def test_seeded_sampling_reproducible(cpu_models):
 # -- bad requests ----------------------------------------------------------------------------------
 def test_bad_requests(tiny, cpu_models):
     m = cpu_models["i2_s"]
-    with pytest.raises(UnsupportedConversionError, match="more than the context of 256"):
+    with pytest.raises(RequestError, match="more than the context of 256"):
         m.generate([1] * 257, max_new_tokens=4)
-    with pytest.raises(UnsupportedConversionError, match="outside the vocabulary"):
+    with pytest.raises(RequestError, match="outside the vocabulary"):
         m.generate([1, 512], max_new_tokens=4)
-    with pytest.raises(UnsupportedConversionError, match="outside the vocabulary"):
+    with pytest.raises(RequestError, match="outside the vocabulary"):
         m.logits([-1])
-    with pytest.raises(UnsupportedConversionError, match="empty"):
+    with pytest.raises(RequestError, match="empty"):
         m.generate([], max_new_tokens=4)
-    with pytest.raises(UnsupportedConversionError, match="sampling"):
+    with pytest.raises(RequestError, match="sampling"):
         m.generate(PROMPT, temperature=-1)
-    with pytest.raises(UnsupportedConversionError, match="unknown backend 'gpu'"):
+    with pytest.raises(RequestError, match="unknown backend 'gpu'"):
         load(tiny["i2_s"], backend="gpu")
-    with pytest.raises(UnsupportedConversionError, match="float64"):
+    with pytest.raises(RequestError, match="float64"):
         load(tiny["i2_s"], backend="cpu", dtype="float64")
     assert len(m.generate([1] * 250, max_new_tokens=50, stop_ids=[]).tokens) == 6  # context left
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import UnsupportedConversionError
+from ..errors import RequestError
 from .model import BitNet
 
 Sampler = Callable[[np.ndarray], int]
@@ -31,7 +31,7 @@ def make_sampler(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
     whose probability reaches p (1.0: all). Ties in greedy decoding go to the lowest id.
     """
     if temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
-        raise UnsupportedConversionError(f"bad sampling parameters: temperature {temperature}"
+        raise RequestError(f"bad sampling parameters: temperature {temperature}"
                                          f", top_k {top_k}, top_p {top_p}")
     if temperature == 0:
         return lambda logits: int(np.argmax(logits))
@@ -100,9 +100,9 @@ def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int =
     sampler = sampler or make_sampler()
     limit = context or model.args.context_length
     if len(prompt) == 0:
-        raise UnsupportedConversionError("the prompt is empty")
+        raise RequestError("the prompt is empty")
     if len(prompt) > limit:
-        raise UnsupportedConversionError(f"the prompt has {len(prompt)} tokens, more than the "
+        raise RequestError(f"the prompt has {len(prompt)} tokens, more than the "
                                          f"context of {limit}")
     max_new_tokens = min(max_new_tokens, limit - len(prompt))
     stats = stats if stats is not None else GenerationStats()
@@ -157,7 +157,7 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
     """
     if isinstance(prompt, str):
         if tokenizer is None:
-            raise UnsupportedConversionError("this model has no tokenizer: pass token ids")
+            raise RequestError("this model has no tokenizer: pass token ids")
         ids = tokenizer.encode(prompt)
     else:
         ids = [int(t) for t in prompt]

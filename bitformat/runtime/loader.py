@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..container import Model, open_model
-from ..errors import MetadataError, UnsupportedConversionError
+from ..errors import MetadataError, RequestError
 from .backend import Backend
 from .generate import (
     GenerationResponse,
@@ -53,7 +53,7 @@ class LoadedModel:
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]
         if self.tokenizer is None:
-            raise UnsupportedConversionError("this model has no tokenizer: pass token ids")
+            raise RequestError("this model has no tokenizer: pass token ids")
         if chat:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
             return self.tokenizer.encode(text, add_bos=False)
@@ -99,10 +99,9 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     matrix once with its format's checks; the numpy backend checks on every use anyway.
     """
     if backend not in BACKENDS:
-        raise UnsupportedConversionError(f"unknown backend {backend!r}; choose "
-                                         f"{' or '.join(BACKENDS)}")
+        raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
     if dtype not in ("float32", "float64") or (backend == "cpu" and dtype != "float32"):
-        raise UnsupportedConversionError(f"the {backend} backend does not run in {dtype}")
+        raise RequestError(f"the {backend} backend does not run in {dtype}")
     container = open_model(path, i2s_variant=i2s_variant)
     try:
         meta = {k: v.plain() for k, v in container.metadata.items()}

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MetadataError, UnsupportedConversionError
+from ..errors import MetadataError, RequestError, UnsupportedConversionError
 from .backend import Backend, quantize_activations
 
 #: GGUF architectures with this graph (bitnet.cpp's two names and upstream llama.cpp's).
@@ -188,13 +188,13 @@ class BitNet:
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T, start = len(ids), cache.length
         if T == 0:
-            raise UnsupportedConversionError("no tokens to run")
+            raise RequestError("no tokens to run")
         if ids.min() < 0 or ids.max() >= a.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= a.vocab_size)][0])
-            raise UnsupportedConversionError(f"token id {bad} is outside the vocabulary "
+            raise RequestError(f"token id {bad} is outside the vocabulary "
                                              f"(0..{a.vocab_size - 1})")
         if start + T > cache.max_len:
-            raise UnsupportedConversionError(f"{start + T} positions exceed the context of "
+            raise RequestError(f"{start + T} positions exceed the context of "
                                              f"{cache.max_len}")
         dt, eps, hd = self.be.dtype, a.norm_eps, a.head_dim
         angles = np.arange(start, start + T, dtype=dt)[:, None] * self.inv_freq.astype(dt)
