@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchdoc import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 CHAIN = ["tq2_0", "tq1_0", "stfma", "colpack_u32", "i2_s"]
@@ -32,15 +34,6 @@ def run_child(args: list[str]) -> tuple[float, float]:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"bitformat {' '.join(args)} failed")
     return seconds, usage.ru_maxrss / 2**20
-
-
-def replace_section(doc: Path, title: str, body: str) -> None:
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    start = text.find(f"## {title}")
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + text[end + 1:] if end >= 0 else text[:start]
-    doc.write_text(text.rstrip() + "\n\n" + body.rstrip() + "\n")
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numba
 import numpy as np
+from benchdoc import replace_section
 
 from bitformat import open_model
 from bitformat.formats.rans import Rans, describe, section_words
@@ -161,15 +162,6 @@ def choices(layers: list[int], repeats: int) -> tuple[list[tuple], dict]:
     n = floors["n"]
     rows = [(k, size[k] * 8 / n, n / tenc[k] / 1e6, n / tdec[k] / 1e6) for k in fmts]
     return rows, {k: v / n for k, v in floors.items() if k != "n"} | {"n": n}
-
-
-def replace_section(doc: Path, title: str, body: str) -> None:
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    start = text.find(f"## {title}")
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + text[end + 1:] if end >= 0 else text[:start]
-    doc.write_text(text.rstrip() + "\n\n" + body.rstrip() + "\n")
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ class TernaryFormat:
     variable_size: ClassVar[bool] = False  # size depends on the trits (rans): 1-D storage
     file_type: ClassVar[int | None] = None
     scale_block: ClassVar[int] = 0  # 0: one scale per tensor
+    row_block: ClassVar[int] = 1  # row length must be a multiple of this
     scale_dtype: ClassVar[str] = "f32"  # the narrowest float the scales are stored in
     description: ClassVar[str] = ""
 
@@ -48,6 +49,10 @@ class TernaryFormat:
         """Raise :class:`ShapeError` if a ``[rows, cols]`` matrix cannot be stored."""
         if rows < 1 or cols < 1:
             raise ShapeError(f"empty matrix {rows}x{cols}", tensor=name or None)
+        if cols % self.row_block:
+            raise ShapeError(f"{self.format_id} needs rows of a multiple of {self.row_block} "
+                             f"values, the matrix {rows}x{cols} has rows of {cols}",
+                             tensor=name or None)
 
     def stored_shape(self, rows: int, cols: int) -> tuple[int, ...]:
         """Shape of the GGUF tensor (numpy order) that holds a ``[rows, cols]`` matrix."""

@@ -86,14 +86,9 @@ class TQ10(TernaryFormat):
     storage_type = GGMLType.TQ1_0
     file_type = FileType.MOSTLY_TQ1_0
     scale_block = QK
+    row_block = QK
     scale_dtype = "f16"
     description = "ggml TQ1_0: 1.69 bits per weight (base 3), 256-value blocks, f16 scale"
-
-    def check_shape(self, rows: int, cols: int, name: str = "") -> None:
-        super().check_shape(rows, cols, name)
-        if cols % QK:
-            raise ShapeError(f"tq1_0 needs rows of a multiple of {QK} values, the matrix "
-                             f"{rows}x{cols} has rows of {cols}", tensor=name or None)
 
     def encode(self, t: TernaryTensor) -> np.ndarray:
         nb = t.rows * t.cols // QK

@@ -62,14 +62,9 @@ class TQ20(TernaryFormat):
     storage_type = GGMLType.TQ2_0
     file_type = FileType.MOSTLY_TQ2_0
     scale_block = QK
+    row_block = QK
     scale_dtype = "f16"
     description = "ggml TQ2_0: 2 bits per weight, 256-value blocks with an f16 scale each"
-
-    def check_shape(self, rows: int, cols: int, name: str = "") -> None:
-        super().check_shape(rows, cols, name)
-        if cols % QK:
-            raise ShapeError(f"tq2_0 needs rows of a multiple of {QK} values, the matrix "
-                             f"{rows}x{cols} has rows of {cols}", tensor=name or None)
 
     def encode(self, t: TernaryTensor) -> np.ndarray:
         nb = t.rows * t.cols // QK
