@@ -81,5 +81,9 @@ class RequestError(BitformatError, ValueError):
     vocabulary, unknown backend, bad sampling parameters)."""
 
 
+class GpuError(BitformatError, RuntimeError):
+    """No usable GPU adapter, or a kernel failed to build or run on it."""
+
+
 class BitformatIOError(BitformatError, OSError):
     """Reading or writing a file failed at the operating-system level."""

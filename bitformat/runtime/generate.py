@@ -34,7 +34,11 @@ def make_sampler(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
         raise RequestError(f"bad sampling parameters: temperature {temperature}"
                                          f", top_k {top_k}, top_p {top_p}")
     if temperature == 0:
-        return lambda logits: int(np.argmax(logits))
+        def greedy(logits: np.ndarray) -> int:
+            return int(np.argmax(logits))
+
+        greedy.greedy = True  # generate_step may take the argmax on the device instead
+        return greedy
     rng = np.random.default_rng(seed)
 
     def sample(logits: np.ndarray) -> int:
@@ -108,12 +112,22 @@ def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int =
     stats = stats if stats is not None else GenerationStats()
     cache = model.new_cache(len(prompt) + max_new_tokens)
     history = list(prompt)
+    # greedy on a device with its own argmax (wgpu): 4 bytes back per token, no logits
+    on_device = (getattr(sampler, "greedy", False) and repetition_penalty == 1.0
+                 and hasattr(model, "forward_argmax"))
     t0 = time.perf_counter()
-    logits = model.forward(prompt, cache)[-1]
+    logits = next_token = None
+    if on_device:
+        next_token = model.forward_argmax(prompt, cache)
+    else:
+        logits = model.forward(prompt, cache)[-1]
     stats.prompt_tokens = len(prompt)
     for i in range(max_new_tokens):
-        window = history[-repetition_context:] if repetition_context else history
-        token = sampler(apply_repetition_penalty(logits, window, repetition_penalty))
+        if on_device:
+            token = next_token
+        else:
+            window = history[-repetition_context:] if repetition_context else history
+            token = sampler(apply_repetition_penalty(logits, window, repetition_penalty))
         now = time.perf_counter()
         if i == 0:
             stats.prompt_seconds, t_first = now - t0, now
@@ -123,7 +137,10 @@ def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int =
         history.append(token)
         yield token
         if i + 1 < max_new_tokens:
-            logits = model.forward([token], cache)[-1]
+            if on_device:
+                next_token = model.forward_argmax([token], cache)
+            else:
+                logits = model.forward([token], cache)[-1]
             stats.kv_bytes_last_token = cache.nbytes
 
 

@@ -26,7 +26,7 @@ from .generate import (
 )
 from .model import BitNet, ModelArgs
 
-BACKENDS = ("numpy", "cpu")
+BACKENDS = ("numpy", "cpu", "wgpu")
 
 
 class LoadedModel:
@@ -41,7 +41,9 @@ class LoadedModel:
         self.container_model = container
         self.backend = backend
         self.args = args
-        self.net = BitNet(args, backend)
+        # a backend that runs the whole model itself (wgpu) provides its own network
+        network = getattr(backend, "network", None)
+        self.net = network(args) if network is not None else BitNet(args, backend)
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once.
@@ -100,7 +102,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     """
     if backend not in BACKENDS:
         raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
-    if dtype not in ("float32", "float64") or (backend == "cpu" and dtype != "float32"):
+    if dtype not in ("float32", "float64") or (backend != "numpy" and dtype != "float32"):
         raise RequestError(f"the {backend} backend does not run in {dtype}")
     container = open_model(path, i2s_variant=i2s_variant)
     try:
@@ -115,6 +117,10 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
 
             be: Backend = CpuBackend(container, i2s_variant=i2s_variant, threads=threads,
                                      validate=validate)
+        elif backend == "wgpu":
+            from .wgpu_backend import WgpuBackend
+
+            be = WgpuBackend(container, i2s_variant=i2s_variant, validate=validate)
         else:
             from .numpy_backend import NumpyBackend
 

@@ -1,0 +1,411 @@
+"""The ``wgpu`` backend: container bytes uploaded as they are, decoded in WGSL kernels.
+
+Every ternary matrix is uploaded once, in its container's own bytes, and multiplied by fused
+decode + mat-vec kernels (``kernels/matvec_<format>.wgsl``, ``kernels/rans_*.wgsl``) that
+unpack the packed words in registers and never write decoded weights anywhere. Activations are
+int8 per token (the :func:`activation_block` layout, built on the GPU by
+``kernels/norm_quant.wgsl``), sums of ``code * q`` are integers, and ``y = acc / s * scale``
+(per 256-block ``d`` for tq formats), the same float operations as the numpy backend.
+
+Two ways to run a model:
+
+* :class:`WgpuBackend` implements the :class:`~.backend.Backend` protocol (``bitlinear``,
+  ``lm_head``, one submit each) so the numpy :class:`~.model.BitNet` can run on it, op by op;
+* :meth:`WgpuBackend.network` returns a :class:`~.wgpu_model.WgpuBitNet`, which runs the whole
+  token on the GPU (one command buffer per token, KV cache on the GPU, argmax on the GPU).
+
+Tensors larger than the adapter's ``max_storage_buffer_binding_size`` are split by rows into
+several buffers, one dispatch each (the 656 MB f16 embedding of 2B-4T takes 5 with 128 MiB).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..constants import GGMLType
+from ..container import Model
+from ..errors import MetadataError, UnsupportedConversionError
+from ..formats import get_format
+from ..ternary import TernaryTensor
+from .backend import Backend, QuantizedActivations, ternary_source
+from .wgpu_device import UNIFORM_WORDS, Dispatch, GpuDevice
+
+QOFF = 256  # first word of the plain int8 activations in the activation block
+MAX_WIDTH = (UNIFORM_WORDS - QOFF) * 2  # 256 + NPAD/4 (plain) + NPAD/4 (slot16) <= 16384 words
+EMBED_TYPES = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.BF16: 2}
+ROW_KERNELS = {"i2_s": "matvec_i2_s", "tq2_0": "matvec_tq2_0", "tq1_0": "matvec_tq1_0",
+               "stfma": "matvec_stfma", "colpack_u32": "matvec_colpack_u32"}
+WG = 64
+
+
+def activation_block(q: np.ndarray, s: float) -> np.ndarray:
+    """The 64 KiB activation block of one token (u32 words; see ``matvec_common.wgsl``).
+
+    ``q`` is int8 ``[n]``, ``s`` the token's scale. This is the numpy reference of what
+    ``norm_quant.wgsl`` writes, and how the op-by-op path feeds the mat-vec kernels.
+    """
+    n = q.size
+    npad = -(-n // 256) * 256
+    if npad > MAX_WIDTH:
+        raise UnsupportedConversionError(f"activations of width {n} exceed the {MAX_WIDTH} the "
+                                         "64 KiB activation block holds")
+    qp = np.zeros(npad, np.int8)
+    qp[:n] = q
+    out = np.zeros(UNIFORM_WORDS, np.uint32)
+    out[0] = np.float32(s).view(np.uint32)
+    out[1] = np.int32(qp.sum(dtype=np.int64)).view(np.uint32)
+    bsum = qp.reshape(-1, 256).sum(axis=1, dtype=np.int32)
+    out[4: 4 + bsum.size] = bsum.view(np.uint32)
+    out[QOFF: QOFF + npad // 4] = qp.view("<u4")
+    slot = qp.reshape(-1, 4, 4).transpose(0, 2, 1).copy()  # [16-group w, g, k] = q[16w+g+4k]
+    out[QOFF + npad // 4: QOFF + npad // 2] = slot.reshape(-1).view("<u4")
+    return out
+
+
+def params(scale: float = 1.0, out_scale: float = 1.0, scale2: float = 1.0,
+           out_scale2: float = 1.0, row0: int = 0, base2: int = 0) -> np.ndarray:
+    """The ``Params`` uniform of the row-format mat-vec kernels (32 bytes)."""
+    p = np.zeros(8, np.uint32)
+    p[:4] = np.array([scale, out_scale, scale2, out_scale2], np.float32).view(np.uint32)
+    p[4:6] = row0, base2
+    return p
+
+
+# -- row formats -----------------------------------------------------------------------------------
+@dataclass
+class RowMatrix:
+    """A matrix whose rows are separable runs of container bytes (five of the formats)."""
+
+    name: str
+    encoding: str  # the kernel's format (a fallback re-encodes as stfma)
+    rows: int
+    cols: int
+    data: np.ndarray  # uint8 [rows, row_bytes], the container's bytes (memory-mapped)
+    scale: float  # per-tensor scale (tq formats: 1.0, their d is in the data)
+    constants: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.data.shape[1]
+
+
+@dataclass
+class Chunk:
+    row0: int
+    rows: int
+    buffer: Any
+    base2: int  # word offset of the second matrix's rows (fused pairs)
+    nbytes: int
+
+
+class GpuMatrix:
+    """One matrix (or a fused gate/up pair sharing rows) uploaded as row chunks."""
+
+    def __init__(self, dev: GpuDevice, mats: list[RowMatrix]):
+        self.dev, self.mats = dev, mats
+        m = mats[0]
+        self.name, self.encoding, self.rows, self.cols = m.name, m.encoding, m.rows, m.cols
+        self.stem = ROW_KERNELS[m.encoding]
+        self.nbytes = sum(x.data.nbytes for x in mats)
+        per_row = sum(-(-x.row_bytes // 4) * 4 for x in mats)
+        step = max(1, (dev.max_binding - 16) // per_row)
+        if any(x.row_bytes > dev.max_binding - 16 for x in mats):
+            raise UnsupportedConversionError(f"a row of {m.name} is larger than a storage "
+                                             f"binding ({dev.max_binding} bytes)")
+        self.chunks = []
+        for r0 in range(0, self.rows, step):
+            r1 = min(self.rows, r0 + step)
+            parts, base2 = [], 0
+            for i, x in enumerate(mats):
+                b = np.ascontiguousarray(x.data[r0:r1]).reshape(-1)
+                b = np.concatenate([b, np.zeros(-b.size % 4, np.uint8)])
+                if i == 1:
+                    base2 = sum(p.size for p in parts) // 4
+                parts.append(b)
+            raw = np.concatenate(parts)
+            buf = dev.upload(raw, f"{m.name}[{r0}:{r1}]", pad=4)
+            self.chunks.append(Chunk(r0, r1 - r0, buf, base2, raw.size))
+
+    def dispatches(self, x: Any, y: Any, mode: int, out_scales: tuple[float, float] = (1, 1)
+                   ) -> list[Dispatch]:
+        """The dispatches of ``y (op)= W q / s * scale`` reading the activation block ``x``."""
+        dev, lanes = self.dev, self.dev.lanes
+        out = []
+        s1 = self.mats[0].scale
+        s2 = self.mats[1].scale if len(self.mats) > 1 else 1.0
+        for c in self.chunks:
+            k = dev.kernel(self.stem, ROWS=c.rows, COLS=self.cols, MODE=mode, LANES=lanes,
+                           **self.mats[0].constants)
+            p = dev.uniform(params(s1, out_scales[0], s2, out_scales[1], c.row0, c.base2))
+            g = dev.bind(k, x, c.buffer, p, y)
+            out.append(Dispatch(f"matvec:{self.encoding}", k, g,
+                                dev.grid(math.ceil(c.rows / (WG // lanes))),
+                                c.nbytes + self.cols))
+        return out
+
+
+# -- rans ----------------------------------------------------------------------------------------
+RANS_PARAM_WORDS = 20
+
+
+class GpuRans:
+    """A ``rans`` matrix: its stream words plus the metadata the kernels index (rans_common)."""
+
+    def __init__(self, dev: GpuDevice, name: str, raw: np.ndarray, rows: int, cols: int,
+                 scale: float, xl: Any):
+        from ..codecs.rans_streams import RansTables
+        from ..formats import rans as R
+        from ..formats.rans_layout import Geometry
+
+        self.dev, self.name, self.rows, self.cols, self.scale, self.xl = (
+            dev, name, rows, cols, scale, xl)
+        self.encoding = "rans"
+        w = np.frombuffer(np.ascontiguousarray(raw).tobytes(), "<u4")
+        _, _, vg, _, _, L, C, T, k, p, S, nwords = (int(v) for v in w[:12])
+        group = (vg >> 8) & 0xFF
+        sizes = R.section_words(rows, cols, L, T, S, nwords)
+        at, pos = {}, 0
+        for key, size in sizes.items():
+            at[key] = w[pos: pos + size]
+            pos += size
+
+        def bits(words: np.ndarray, n: int) -> np.ndarray:
+            return np.unpackbits(words.view(np.uint8), bitorder="little")[:n]
+
+        lrows = np.flatnonzero(bits(at["dead_rows"], rows) == 0).astype(np.uint32)
+        lcols = np.flatnonzero(bits(at["dead_cols"], cols) == 0).astype(np.uint32)
+        counts = ((at["counts"][:, None] >> np.uint32([0, 16])) & 0xFFFF).reshape(-1)[:S]
+        off = np.zeros(S + 1, np.uint32)
+        np.cumsum(counts, out=off[1:])
+        tab = at["tables"].reshape(-1, 2).astype(np.int64)
+        units = np.stack([tab[:, 0] & 0xFFFF, tab[:, 0] >> 16, tab[:, 1]], axis=1)
+        tables = RansTables.from_stored(R.GROUPS[group], units)
+        cdf = np.zeros((T, 243), np.uint32)
+        freq = np.zeros((T, 243), np.uint32)
+        a = tables.units.shape[1]
+        freq[:, :a] = tables.units
+        cdf[:, :a] = np.cumsum(tables.units, axis=1) - tables.units
+        tabw = (cdf << 16) | freq
+        luts = np.ascontiguousarray(tables.luts, dtype=np.uint8).view("<u4")  # [T, 1024]
+        cuts = Geometry(L, C, k, p).cuts().astype(np.uint32)
+        cls = at["classes"] if T > 1 else np.zeros(1, np.uint32)
+        sections = [("off", off), ("lrows", lrows), ("lcols", lcols), ("cls", cls),
+                    ("tab", tabw.reshape(-1)), ("lut", luts.reshape(-1)), ("cuts", cuts)]
+        offsets, parts, n = {}, [], 0
+        for key, arr in sections:
+            offsets[key] = n
+            arr = np.asarray(arr, np.uint32).reshape(-1)
+            parts.append(arr)
+            n += arr.size + 1  # + 1: no section is empty
+            parts.append(np.zeros(1, np.uint32))
+        self.L, self.C, self.S, self.p, self.T = L, C, S, p, T
+        if C // 5 + 2 > UNIFORM_WORDS // 4:  # x_live: a vec4 per 5 columns, 64 KiB
+            raise UnsupportedConversionError(f"{C} live columns exceed the "
+                                             f"{5 * (UNIFORM_WORDS // 4 - 2)} the x_live block "
+                                             "holds", tensor=name)
+        self.meta = dev.upload(np.concatenate(parts), f"{name}.meta")
+        self.words = dev.upload(at["streams"], f"{name}.streams", pad=4)
+        self.acc = dev.buffer(4 * max(L, 1), f"{name}.acc")
+        self.nbytes = int(raw.size)
+        rp = np.zeros(RANS_PARAM_WORDS, np.uint32)
+        rp[:16] = (rows, L, C, S, k, p, T, group, offsets["off"], offsets["lrows"],
+                   offsets["lcols"], offsets["cls"], offsets["tab"], offsets["lut"],
+                   offsets["cuts"], 0)
+        self._rp = rp
+
+    def dispatches(self, x: Any, y: Any, mode: int, out_scales: tuple[float, float] = (1, 1)
+                   ) -> list[Dispatch]:
+        if mode not in (0, 1):
+            raise ValueError("rans mat-vecs write (0) or add (1); gate/up run as two")
+        dev = self.dev
+        rp = self._rp.copy()
+        rp[16:18] = np.array([self.scale, out_scales[0]], np.float32).view(np.uint32)
+        p = dev.uniform(rp, f"{self.name}.params")
+        kg = dev.kernel("rans_gather", MODE=mode)
+        n = max(self.C // 5 + 2, self.rows, self.L)
+        out = [Dispatch("rans:gather", kg, dev.bind(kg, x, self.meta, p, self.xl, y, self.acc),
+                        dev.grid(math.ceil(n / WG)), 4 * self.C)]
+        if self.S:
+            km = dev.kernel("rans_matvec", MODE=mode, SHARED=int(self.T <= 4))
+            out.append(Dispatch("matvec:rans", km,
+                                dev.bind(km, x, self.words, self.meta, p, self.xl, y, self.acc),
+                                dev.grid(math.ceil(self.S / WG)), self.nbytes + 4 * self.C))
+        if self.p > 1:
+            kf = dev.kernel("rans_finish", MODE=mode)
+            out.append(Dispatch("rans:finish", kf, dev.bind(kf, x, self.meta, p, self.acc, y),
+                                dev.grid(math.ceil(self.L / WG)), 8 * self.L))
+        return out
+
+
+# -- the embedding / LM head -----------------------------------------------------------------------
+class GpuEmbedding:
+    """``token_embd`` (F32, F16 or BF16) in row chunks that each fit one storage binding."""
+
+    def __init__(self, dev: GpuDevice, model: Model):
+        self.dev = dev
+        gtype, raw = model.plain("token_embd.weight")
+        self.vocab, self.dim = model.entry("token_embd.weight").shape
+        if gtype not in EMBED_TYPES:
+            raise UnsupportedConversionError(f"the wgpu backend reads an F32, F16 or BF16 "
+                                             f"embedding, not {gtype.name}",
+                                             tensor="token_embd.weight")
+        self.dtype = EMBED_TYPES[gtype]
+        if self.dtype and self.dim % 2:
+            raise UnsupportedConversionError("a 16-bit embedding needs an even width",
+                                             tensor="token_embd.weight")
+        if self.dim > UNIFORM_WORDS:  # the LM head's f32 input is one 64 KiB block
+            raise UnsupportedConversionError(f"embedding width {self.dim} exceeds "
+                                             f"{UNIFORM_WORDS}")
+        rows = raw.reshape(self.vocab, -1)
+        self.row_bytes = rows.shape[1]
+        self.rows_per_chunk = max(1, dev.max_binding // self.row_bytes)
+        self.chunks = []
+        for r0 in range(0, self.vocab, self.rows_per_chunk):
+            r1 = min(self.vocab, r0 + self.rows_per_chunk)
+            self.chunks.append((r0, r1 - r0, dev.upload(rows[r0:r1], f"token_embd[{r0}:{r1}]")))
+        self.nbytes = int(raw.size)
+
+    def locate(self, token: int) -> tuple[int, int]:
+        """(chunk index, row inside the chunk) of a token."""
+        return divmod(int(token), self.rows_per_chunk)
+
+    def head_dispatches(self, x: Any, logits: Any) -> list[Dispatch]:
+        dev, out = self.dev, []
+        for r0, n, buf in self.chunks:
+            k = dev.kernel("lm_head", ROWS=n, DIM=self.dim, DTYPE=self.dtype, LANES=dev.lanes)
+            p = dev.uniform(np.array([r0, 0, 0, 0], np.uint32))
+            out.append(Dispatch("lm_head", k, dev.bind(k, x, buf, p, logits),
+                                dev.grid(math.ceil(n / (WG // dev.lanes))),
+                                n * self.row_bytes + 4 * self.dim))
+        return out
+
+    def embed_dispatches(self, step: Any, h: Any) -> list[Dispatch]:
+        """One dispatch per chunk; the runner picks the token's."""
+        dev = self.dev
+        k = dev.kernel("embed", DIM=self.dim, DTYPE=self.dtype)
+        return [Dispatch("embed", k, dev.bind(k, buf, step, h), dev.grid(math.ceil(self.dim / WG)),
+                         self.row_bytes) for _, _, buf in self.chunks]
+
+
+# -- the backend -----------------------------------------------------------------------------------
+class WgpuBackend(Backend):
+    """Weights on a wgpu device; ``bitlinear`` / ``lm_head`` op by op, ``network`` for speed.
+
+    ``validate`` reads every ternary matrix once with its format's reader at upload (the kernels
+    trust the bytes: code 3, NaN scales or corrupt rANS streams fail there). ``context`` caps the
+    KV cache :meth:`network` allocates (default: the model's context length). ``lanes``,
+    ``max_binding`` and ``x_space`` go to :class:`~.wgpu_device.GpuDevice`.
+    """
+
+    name = "wgpu"
+
+    def __init__(self, model: Model, *, i2s_variant: str = "x86", validate: bool = True,
+                 device: GpuDevice | None = None, lanes: int | None = None,
+                 max_binding: int | None = None, x_space: str | None = None,
+                 context: int | None = None):
+        super().__init__(model, dtype=np.float32, i2s_variant=i2s_variant)
+        self.dev = device or GpuDevice(lanes=lanes, max_binding=max_binding, x_space=x_space)
+        self.validate, self.context = validate, context
+        self.embedding = GpuEmbedding(self.dev, model)
+        self.x = self.dev.buffer(4 * UNIFORM_WORDS, "x", uniform=True)  # activation block
+        self.xl = self.dev.buffer(4 * UNIFORM_WORDS, "x_live", uniform=True)
+        self.xf = self.dev.buffer(4 * UNIFORM_WORDS, "x_f32", uniform=True)  # LM head input
+        self._y: Any = None
+        self._logits: Any = None
+        self._cache: dict[tuple, Any] = {}
+
+    # -- weights --------------------------------------------------------------------------------
+    def row_matrix(self, name: str) -> RowMatrix | None:
+        """The row-format view of ``name`` (None for rans); odd layouts become stfma words."""
+        e = self.model.entry(name)
+        if e.encoding == "rans":
+            return None
+        src = ternary_source(self.model, name, self.i2s_variant)
+        if src is not None and src.row_bytes is not None:
+            if self.validate:
+                src.decode_rows(0, src.rows)
+            consts = {"BLK": src.fmt.block} if src.encoding == "i2_s" else {}
+            scale = 1.0 if src.encoding in ("tq2_0", "tq1_0") else float(src.scale)
+            return RowMatrix(name, src.encoding, src.rows, src.cols, src.rows_view(), scale,
+                             consts)
+        # i2_s rows that do not start on a block, hf folders: re-encode as stfma words once
+        t: TernaryTensor = self.model.ternary(name) if src is None else src.decode_rows(
+            0, src.rows)
+        fmt = get_format("stfma")
+        t, _ = fmt.prepare(t)
+        words = fmt.encode(t).view(np.uint8).reshape(t.rows, -1)
+        return RowMatrix(name, "stfma", t.rows, t.cols, words, float(t.scales[0]))
+
+    def _check_width(self, cols: int, name: str) -> None:
+        if -(-cols // 256) * 256 > MAX_WIDTH:
+            raise UnsupportedConversionError(f"{cols} columns exceed the {MAX_WIDTH} the "
+                                             "activation block holds", tensor=name)
+
+    def weight(self, name: str) -> GpuMatrix | GpuRans:
+        """``name`` on the GPU (cached)."""
+        key = ("w", name)
+        if key not in self._cache:
+            e = self.model.entry(name)
+            self._check_width(e.shape[1], name)
+            if e.encoding == "rans":
+                _, raw = self.model.plain(name)
+                scale = self.model.get(f"bitformat.tensor.{name}.scale")
+                if not isinstance(scale, float):
+                    raise MetadataError("missing its per-tensor scale", tensor=name)
+                if self.validate:
+                    get_format("rans").decode(raw, *e.shape, scale=scale, name=name)
+                self._cache[key] = GpuRans(self.dev, name, raw, *e.shape, scale, self.xl)
+            else:
+                self._cache[key] = GpuMatrix(self.dev, [self.row_matrix(name)])
+        return self._cache[key]
+
+    def pair(self, gate: str, up: str) -> GpuMatrix | None:
+        """gate and up fused into one upload for ``MODE 2`` (None if their kernels differ)."""
+        if any(self.model.entry(n).encoding == "rans" for n in (gate, up)):
+            return None
+        a, b = self.row_matrix(gate), self.row_matrix(up)
+        if (a.encoding, a.rows, a.cols, a.constants) != (b.encoding, b.rows, b.cols,
+                                                          b.constants):
+            return None
+        self._check_width(a.cols, gate)
+        return GpuMatrix(self.dev, [a, b])
+
+    # -- the Backend protocol, op by op ------------------------------------------------------------
+    def _out(self, n: int) -> Any:
+        if self._y is None or self._y.size < 4 * n:
+            self._y = self.dev.buffer(4 * n, "y")
+        return self._y
+
+    def bitlinear(self, qa: QuantizedActivations, w: GpuMatrix | GpuRans) -> np.ndarray:
+        """``[T, rows]``: one activation block upload, dispatch and readback per token."""
+        y = self._out(w.rows)
+        key = ("bl", id(w))
+        if key not in self._cache:
+            self._cache[key] = (w, w.dispatches(self.x, y, 0))
+        out = np.empty((qa.q.shape[0], w.rows), np.float32)
+        for t in range(qa.q.shape[0]):
+            self.dev.write(self.x, activation_block(qa.q[t], float(qa.s[t])))
+            self.dev.run(self._cache[key][1])
+            out[t] = np.frombuffer(self.dev.read(y, 4 * w.rows), np.float32)
+        return out
+
+    def lm_head(self, h: np.ndarray) -> np.ndarray:
+        if self._logits is None:
+            self._logits = self.dev.buffer(4 * self.vocab, "logits")
+            self._head = self.embedding.head_dispatches(self.xf, self._logits)
+        out = np.empty((h.shape[0], self.vocab), np.float32)
+        for t in range(h.shape[0]):
+            self.dev.write(self.xf, np.ascontiguousarray(h[t], np.float32))
+            self.dev.run(self._head)
+            out[t] = np.frombuffer(self.dev.read(self._logits, 4 * self.vocab), np.float32)
+        return out
+
+    def network(self, args: Any) -> Any:
+        """The whole model on the GPU: a :class:`~.wgpu_model.WgpuBitNet` (uploads weights)."""
+        from .wgpu_model import WgpuBitNet
+
+        return WgpuBitNet(args, self, context=self.context)

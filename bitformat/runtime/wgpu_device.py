@@ -1,0 +1,351 @@
+"""Device plumbing of the ``wgpu`` backend: adapter, kernels, pipelines, buffers, timing.
+
+Kernels are the ``kernels/*.wgsl`` files, read with :mod:`importlib.resources`. A kernel may
+paste a shared file with a line ``//#include name.wgsl``; the activation bindings are written
+``var<X_SPACE> X: X_TYPE`` (``XF_TYPE``: f32 elements) and become a uniform
+(``array<vec4<u32>, 4096>``, 64 KiB: on
+llvmpipe a uniform read at a uniform address is one scalar load, 2x faster than storage) or a
+read-only storage array (``array<vec4<u32>>``: GPUs dislike divergent uniform indexing, which
+``lanes > 1`` causes). Every pipeline has an explicit bind group layout (:data:`BINDINGS`),
+sizes and modes are ``override`` constants, and pipelines are cached by kernel, variant and
+constants. wgpu-py 0.32 raises WGSL and validation errors at creation (its error scopes are not
+implemented), so creation is wrapped to name the kernel and its constants.
+
+Only what WGSL guarantees on Vulkan, Metal and D3D12 is used: u32/i32/f32, ``dot4I8Packed``,
+``unpack2x16float``, workgroup memory <= 16 KiB, no subgroups, no shader-f16, no 64-bit
+integers. The one optional feature, ``timestamp-query``, is requested where the adapter has it
+and only used for :meth:`GpuDevice.profile`; without it the profile times each dispatch on the
+host.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import GpuError, UnsupportedConversionError
+
+#: ``BITFORMAT_REQUIRE_GPU=1`` turns "no adapter" into a test failure instead of a skip.
+ENV_REQUIRE = "BITFORMAT_REQUIRE_GPU"
+
+UNIFORM_WORDS = 16384  # 64 KiB: the activation block / x_live / LM head input as a uniform
+STAGING_ALIGN = 4
+
+#: kernel -> binding types in binding order: "uniform", "storage" (read_write), "read" (read-only
+#: storage) or "x" (the activation-like input: uniform or read-only storage by variant).
+BINDINGS: dict[str, tuple[str, ...]] = {
+    "norm_quant": ("read", "read", "read", "storage", "storage"),
+    "matvec_i2_s": ("x", "read", "uniform", "storage"),
+    "matvec_tq2_0": ("x", "read", "uniform", "storage"),
+    "matvec_tq1_0": ("x", "read", "uniform", "storage"),
+    "matvec_stfma": ("x", "read", "uniform", "storage"),
+    "matvec_colpack_u32": ("x", "read", "uniform", "storage"),
+    "embed": ("read", "uniform", "storage"),
+    "rope": ("storage", "read", "read", "read", "storage", "storage", "uniform"),
+    "attention": ("read", "read", "read", "storage", "storage", "uniform"),
+    "lm_head": ("x", "read", "uniform", "storage"),
+    "argmax": ("read", "storage"),
+    "rans_gather": ("x", "read", "uniform", "storage", "storage", "storage"),
+    "rans_matvec": ("x", "read", "read", "uniform", "x", "storage", "storage"),
+    "rans_finish": ("x", "read", "uniform", "read", "storage"),
+}
+
+_X_TYPES = {  # (X_SPACE, X_TYPE, XF_TYPE) per variant
+    "uniform": ("uniform", "array<vec4<u32>, 4096>", "array<vec4<f32>, 4096>"),
+    "storage": ("storage, read", "array<vec4<u32>>", "array<vec4<f32>>"),
+}
+
+
+def request_adapter() -> Any | None:
+    """The preferred wgpu adapter, or None if there is none (or wgpu cannot load)."""
+    try:
+        import wgpu
+
+        return wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    except Exception:  # no driver, no Vulkan loader, ...: the caller decides what that means
+        return None
+
+
+def kernel_source(stem: str, variant: str = "uniform") -> str:
+    """The WGSL text of ``kernels/<stem>.wgsl`` with includes pasted and X_* substituted."""
+    root = importlib.resources.files("bitformat.runtime") / "kernels"
+    lines = []
+    for line in (root / f"{stem}.wgsl").read_text().splitlines():
+        if line.startswith("//#include "):
+            lines.append((root / line.split()[1]).read_text())
+        else:
+            lines.append(line)
+    space, xtype, xftype = _X_TYPES[variant]
+    text = "\n".join(lines)
+    for token, value in (("X_SPACE", space), ("XF_TYPE", xftype), ("X_TYPE", xtype)):
+        text = text.replace(token, value)
+    return text
+
+
+@dataclass
+class Kernel:
+    """One compiled pipeline and its bind group layout."""
+
+    stem: str
+    pipeline: Any
+    layout: Any
+    constants: dict[str, float]
+
+
+@dataclass
+class Dispatch:
+    """One recorded dispatch: ``kind`` (the timing class), its bytes read, the work grid."""
+
+    kind: str
+    kernel: Kernel
+    group: Any
+    grid: tuple[int, int, int]
+    nbytes: int = 0  # bytes it reads (weights, activations), for GB/s
+    nbytes_per_pos: int = 0  # plus this many per cached position (attention)
+
+    def encode(self, cpass: Any) -> None:
+        cpass.set_pipeline(self.kernel.pipeline)
+        cpass.set_bind_group(0, self.group)
+        cpass.dispatch_workgroups(*self.grid)
+
+
+class GpuDevice:
+    """A wgpu device with the limits and features the backend needs.
+
+    ``max_binding`` caps the bytes of one storage binding below the adapter's limit (tests use
+    it to force splitting); ``lanes`` is the invocations per matrix row (default 1 on CPU
+    adapters such as lavapipe, 16 elsewhere); ``x_space`` is "uniform" or "storage" for the
+    activation bindings (default uniform with one lane, storage with several).
+    """
+
+    def __init__(self, adapter: Any = None, *, max_binding: int | None = None,
+                 lanes: int | None = None, x_space: str | None = None):
+        import wgpu
+
+        self.wgpu = wgpu
+        adapter = adapter or request_adapter()
+        if adapter is None:
+            raise GpuError("no wgpu adapter: install a Vulkan, Metal or D3D12 "
+                                             "driver (on Linux without a GPU: lavapipe, package "
+                                             "mesa-vulkan-drivers)")
+        self.adapter = adapter
+        self.info = dict(adapter.info)
+        limits = adapter.limits
+        features = ["timestamp-query"] if "timestamp-query" in adapter.features else []
+        want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
+                                       "max-storage-buffers-per-shader-stage")}
+        self.device = adapter.request_device_sync(required_features=features,
+                                                  required_limits=want)
+        self.queue = self.device.queue
+        self.limits = self.device.limits
+        self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
+        if max_binding:
+            self.max_binding = min(self.max_binding, int(max_binding))
+        self.max_groups = int(self.limits["max-compute-workgroups-per-dimension"])
+        self.timestamps = "timestamp-query" in self.device.features
+        self.is_cpu = self.info.get("adapter_type") == "CPU"
+        self.lanes = int(lanes or (1 if self.is_cpu else 16))
+        if self.lanes not in (1, 2, 4, 8, 16, 32, 64):
+            raise UnsupportedConversionError(f"lanes must be a power of two <= 64, got {lanes}")
+        self.x_space = x_space or ("uniform" if self.lanes == 1 else "storage")
+        if self.x_space not in _X_TYPES:
+            raise UnsupportedConversionError(f"x_space must be uniform or storage, not "
+                                             f"{x_space!r}")
+        self._modules: dict[str, Any] = {}
+        self._layouts: dict[str, Any] = {}
+        self._pipelines: dict[tuple, Kernel] = {}
+
+    @property
+    def name(self) -> str:
+        return f"{self.info.get('device', '?')} ({self.info.get('backend_type', '?')})"
+
+    # -- kernels ------------------------------------------------------------------------------
+    def _layout(self, stem: str) -> Any:
+        if stem not in self._layouts:
+            w = self.wgpu
+            kinds = {"uniform": "uniform", "storage": "storage", "read": "read-only-storage",
+                     "x": "uniform" if self.x_space == "uniform" else "read-only-storage"}
+            entries = [{"binding": i, "visibility": w.ShaderStage.COMPUTE,
+                        "buffer": {"type": kinds[k]}} for i, k in enumerate(BINDINGS[stem])]
+            self._layouts[stem] = self.device.create_bind_group_layout(entries=entries)
+        return self._layouts[stem]
+
+    def kernel(self, stem: str, **constants: float) -> Kernel:
+        """The pipeline of ``stem`` with these override constants (cached)."""
+        key = (stem, tuple(sorted(constants.items())))
+        if key in self._pipelines:
+            return self._pipelines[key]
+        try:
+            if stem not in self._modules:
+                self._modules[stem] = self.device.create_shader_module(
+                    label=stem, code=kernel_source(stem, self.x_space))
+            layout = self._layout(stem)
+            pipeline = self.device.create_compute_pipeline(
+                label=stem, layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
+                compute={"module": self._modules[stem], "entry_point": "main",
+                         "constants": {k: float(v) for k, v in constants.items()}})
+        except Exception as e:  # wgpu's GPUValidationError carries naga's message
+            raise GpuError(f"creating kernel {stem} with {constants}: {e}") from e
+        k = Kernel(stem, pipeline, layout, dict(constants))
+        self._pipelines[key] = k
+        return k
+
+    def bind(self, kernel: Kernel, *resources: Any) -> Any:
+        """A bind group of ``kernel`` over buffers (or ``(buffer, offset, size)``)."""
+        entries = []
+        for i, r in enumerate(resources):
+            if isinstance(r, tuple):
+                buf, off, size = r
+                entries.append({"binding": i, "resource": {"buffer": buf, "offset": off,
+                                                           "size": size}})
+            else:
+                entries.append({"binding": i, "resource": {"buffer": r, "offset": 0,
+                                                           "size": r.size}})
+        return self.device.create_bind_group(layout=kernel.layout, entries=entries)
+
+    def grid(self, groups: int) -> tuple[int, int, int]:
+        """A 2-D grid of at least ``groups`` workgroups within the per-dimension limit."""
+        groups = max(1, int(groups))
+        if groups <= self.max_groups:
+            return (groups, 1, 1)
+        y = math.ceil(groups / self.max_groups)
+        return (math.ceil(groups / y), y, 1)
+
+    # -- buffers --------------------------------------------------------------------------------
+    def upload(self, data: np.ndarray | bytes, label: str = "", *, usage: int = 0,
+               pad: int = 0) -> Any:
+        """A storage buffer holding ``data`` (padded with ``pad`` zero bytes, then to 4)."""
+        raw = np.frombuffer(memoryview(data).cast("B"), np.uint8) if not isinstance(
+            data, np.ndarray) else np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        size = -(-(raw.size + pad) // STAGING_ALIGN) * STAGING_ALIGN
+        if size != raw.size:
+            raw = np.concatenate([raw, np.zeros(size - raw.size, np.uint8)])
+        u = self.wgpu.BufferUsage
+        return self.device.create_buffer_with_data(
+            label=label, data=raw, usage=u.STORAGE | u.COPY_DST | u.COPY_SRC | usage)
+
+    def buffer(self, size: int, label: str = "", *, uniform: bool = False) -> Any:
+        """A zeroed storage buffer of ``size`` bytes (also a uniform if asked)."""
+        u = self.wgpu.BufferUsage
+        usage = u.STORAGE | u.COPY_DST | u.COPY_SRC | (u.UNIFORM if uniform else 0)
+        return self.device.create_buffer(label=label, size=max(16, -(-size // 16) * 16),
+                                         usage=usage)
+
+    def uniform(self, data: np.ndarray | bytes, label: str = "") -> Any:
+        u = self.wgpu.BufferUsage
+        raw = bytes(data) if not isinstance(data, np.ndarray) else data.tobytes()
+        raw += b"\0" * (-len(raw) % 16)
+        return self.device.create_buffer_with_data(label=label, data=raw,
+                                                   usage=u.UNIFORM | u.COPY_DST)
+
+    def write(self, buf: Any, data: np.ndarray | bytes, offset: int = 0) -> None:
+        self.queue.write_buffer(buf, offset, data if isinstance(data, bytes) else data.tobytes())
+
+    def read(self, buf: Any, size: int | None = None, offset: int = 0) -> bytes:
+        """Copy ``size`` bytes of ``buf`` back (waits for the queue)."""
+        return bytes(self.queue.read_buffer(buf, offset, size))
+
+    def staging(self, size: int, label: str = "") -> Any:
+        u = self.wgpu.BufferUsage
+        return self.device.create_buffer(label=label, size=-(-size // 4) * 4,
+                                         usage=u.MAP_READ | u.COPY_DST)
+
+    def map_read(self, staging: Any, size: int) -> bytes:
+        """Read a MAP_READ buffer that a submitted copy filled (waits for it)."""
+        staging.map_sync(mode=self.wgpu.MapMode.READ)
+        try:
+            return bytes(staging.read_mapped(0, -(-size // 4) * 4))[:size]
+        finally:
+            staging.unmap()
+
+    # -- running ----------------------------------------------------------------------------------
+    def encode(self, items: Iterable[Dispatch | tuple], copies: Sequence[tuple] = ()) -> Any:
+        """One command buffer: the dispatches in one compute pass, then ``copies``.
+
+        An item that is a tuple ``(src, src_offset, dst, dst_offset, size)`` is a buffer copy
+        at that point: the pass ends before it and a new one begins after it (tracing).
+        """
+        enc = self.device.create_command_encoder()
+        cpass = None
+        for it in items:
+            if isinstance(it, Dispatch):
+                cpass = cpass or enc.begin_compute_pass()
+                it.encode(cpass)
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                enc.copy_buffer_to_buffer(*it)
+        if cpass is not None:
+            cpass.end()
+        for c in copies:
+            enc.copy_buffer_to_buffer(*c)
+        return enc.finish()
+
+    def run(self, items: Iterable[Dispatch | tuple], copies: Sequence[tuple] = (), *,
+            wait: bool = True) -> None:
+        self.queue.submit([self.encode(items, copies)])
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the queue is idle (``on_submitted_work_done_sync`` is broken in 0.32)."""
+        poll = getattr(self.device, "_poll_wait", None)
+        if poll is not None:
+            poll()
+        else:  # pragma: no cover - other wgpu-py versions: a readback waits too
+            self.queue.read_buffer(self._tiny())
+
+    def _tiny(self) -> Any:  # pragma: no cover
+        if not hasattr(self, "_tiny_buf"):
+            self._tiny_buf = self.buffer(16, "wait")
+        return self._tiny_buf
+
+    def profile(self, dispatches: Sequence[Dispatch]) -> tuple[list[float], str]:
+        """Seconds of each dispatch, and the clock: "gpu-timestamps" or "host".
+
+        With timestamp queries every dispatch gets its own pass with begin/end timestamps
+        (WebGPU timestamps are nanoseconds; lavapipe's period is 1 ns); without them each
+        dispatch is submitted and waited for alone, timed on the host (this adds the submit
+        overhead, about 0.1-0.3 ms on lavapipe).
+        """
+        dispatches = list(dispatches)
+        if not dispatches:
+            return [], "none"
+        if not self.timestamps:
+            out = []
+            for d in dispatches:
+                t0 = time.perf_counter()
+                self.run([d])
+                out.append(time.perf_counter() - t0)
+            return out, "host"
+        n = len(dispatches)
+        qs = self.device.create_query_set(type="timestamp", count=2 * n)
+        u = self.wgpu.BufferUsage
+        resolve = self.device.create_buffer(size=16 * n, usage=u.QUERY_RESOLVE | u.COPY_SRC)
+        stage = self.staging(16 * n, "timestamps")
+        enc = self.device.create_command_encoder()
+        for i, d in enumerate(dispatches):
+            cpass = enc.begin_compute_pass(timestamp_writes={
+                "query_set": qs, "beginning_of_pass_write_index": 2 * i,
+                "end_of_pass_write_index": 2 * i + 1})
+            d.encode(cpass)
+            cpass.end()
+        enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+        enc.copy_buffer_to_buffer(resolve, 0, stage, 0, 16 * n)
+        self.queue.submit([enc.finish()])
+        ticks = np.frombuffer(self.map_read(stage, 16 * n), np.uint64).reshape(n, 2)
+        ns = (ticks[:, 1].astype(np.int64) - ticks[:, 0].astype(np.int64)).clip(0)
+        return [float(v) * 1e-9 for v in ns], "gpu-timestamps"
+
+
+def require_gpu() -> bool:
+    """True if ``BITFORMAT_REQUIRE_GPU`` asks for an adapter (CI on lavapipe)."""
+    return os.environ.get(ENV_REQUIRE, "").strip() not in ("", "0", "false", "no")

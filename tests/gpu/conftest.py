@@ -1,0 +1,57 @@
+"""GPU fixtures: a wgpu device (lavapipe in CI), or a clean skip without an adapter.
+
+``BITFORMAT_REQUIRE_GPU=1`` (CI, which installs lavapipe) turns "no adapter" into a failure,
+so the GPU tests cannot silently stop running.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bitformat.runtime.wgpu_device import ENV_REQUIRE, GpuDevice, request_adapter, require_gpu
+
+
+@pytest.fixture(scope="session")
+def adapter():
+    a = request_adapter()
+    if a is None:
+        if require_gpu():
+            pytest.fail(f"{ENV_REQUIRE} is set but wgpu found no adapter")
+        pytest.skip("no wgpu adapter (on Linux: apt-get install mesa-vulkan-drivers)")
+    return a
+
+
+@pytest.fixture(scope="session")
+def devices(adapter):
+    """``get(lanes=1, x_space=None, max_binding=None)`` -> a cached :class:`GpuDevice`."""
+    cache: dict[tuple, GpuDevice] = {}
+
+    def get(lanes: int = 1, x_space: str | None = None, max_binding: int | None = None):
+        key = (lanes, x_space, max_binding)
+        if key not in cache:
+            cache[key] = GpuDevice(adapter, lanes=lanes, x_space=x_space,
+                                   max_binding=max_binding)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def gpu(devices):
+    return devices()
+
+
+@pytest.fixture(scope="session")
+def tiny_all(tiny_gguf, tmp_path_factory):
+    """format id -> the tiny synthetic model in that container."""
+    from bitformat.container import convert
+    from bitformat.formats import FORMAT_IDS
+
+    d = tmp_path_factory.mktemp("tiny-gpu")
+    paths = {"i2_s": tiny_gguf}
+    for fid in FORMAT_IDS:
+        if fid != "i2_s":
+            paths[fid] = d / f"tiny-{fid}.gguf"
+            convert(tiny_gguf, paths[fid], fid)
+    return paths
+

@@ -1,0 +1,182 @@
+"""The whole tiny model on the wgpu backend, in every container, against the numpy backend.
+
+Int8 rounding boundaries: the GPU normalizes with another summation order and attends one
+token at a time (numpy: the prompt as a batch), so an activation can land on the other side of
+a ``.5`` when quantized, and one int8 step moves the logits far more than float noise. Rather
+than loosen the tolerance, the GPU run is traced (``WgpuBitNet.trace``: every quantization's
+``y``, ``q`` and ``s``) and the numpy run is fed the GPU's quantized activations, after checking
+at each call that the two runs' ``x * s`` agree to ``NOISE`` int8 steps and that every ``q``
+that differs is a boundary flip (one step, the ``.5`` between the two ``x * s``). With the same
+quantized inputs the logits must then agree to 1e-5; without the substitution, to 1e-3 when
+no flip occurred.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bitformat.container import open_model
+from bitformat.errors import RequestError
+from bitformat.formats import FORMAT_IDS
+from bitformat.runtime import generate_step, make_sampler
+from bitformat.runtime import model as model_mod
+from bitformat.runtime.backend import QuantizedActivations, quantize_activations
+from bitformat.runtime.model import BitNet, ModelArgs
+from bitformat.runtime.numpy_backend import NumpyBackend
+from bitformat.runtime.wgpu_backend import WgpuBackend
+
+PROMPT = [5, 17, 300, 42, 7, 99, 480, 1, 250, 33, 64, 128]
+NOISE = 0.05  # int8 steps between the two runs' x * s (batch vs token-by-token attention)
+
+
+def args_of(container) -> ModelArgs:
+    return ModelArgs.from_metadata({k: v.plain() for k, v in container.metadata.items()})
+
+
+def rel_err(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def nets(tiny_all, gpu):
+    """format id -> (container, WgpuBitNet) on the session's device."""
+    out = {}
+    for fid, path in tiny_all.items():
+        c = open_model(path)
+        out[fid] = (c, WgpuBackend(c, device=gpu).network(args_of(c)))
+    yield out
+    for c, _ in out.values():
+        c.close()
+
+
+class GpuQuant:
+    """Stands in for the model's ``quantize_activations``: checks, then returns the GPU's."""
+
+    def __init__(self, monkeypatch, log):
+        self.log, self.n, self.flips = log, 0, 0
+        monkeypatch.setattr(model_mod, "quantize_activations", self)
+
+    def __call__(self, x: np.ndarray) -> QuantizedActivations:
+        mine = quantize_activations(x)
+        gpu = [step[self.n] for step in self.log]  # this call, every token of the prompt
+        self.n += 1
+        q = np.stack([e.q for e in gpu])
+        s = np.array([e.s for e in gpu], np.float32)
+        y = np.stack([e.y for e in gpu]).astype(np.float64)
+        ours, theirs = x.astype(np.float64) * mine.s[:, None], y * s[:, None]
+        gap = float(np.abs(ours - theirs).max())
+        assert gap < NOISE, f"call {self.n - 1}: runs differ by {gap} int8 steps before rounding"
+        diff = mine.q != q
+        if diff.any():
+            half = np.minimum(mine.q, q).astype(np.float64) + 0.5
+            flip = ((np.abs(mine.q.astype(int) - q) == 1)
+                    & ((ours - half) * (theirs - half) <= 0))[diff]
+            assert flip.all(), (f"call {self.n - 1}: int8 activations differ away from a "
+                                f"rounding boundary: {ours[diff][~flip][:4]} vs "
+                                f"{theirs[diff][~flip][:4]}")
+            self.flips += int(diff.sum())
+        return QuantizedActivations(q, s.astype(x.dtype))
+
+
+@pytest.mark.parametrize("fid", FORMAT_IDS)
+def test_logits_match_numpy(nets, fid, monkeypatch):
+    c, net = nets[fid]
+    net.trace, net.trace_log = True, []
+    try:
+        got = net.forward(PROMPT, net.new_cache(len(PROMPT)), all_logits=True)
+    finally:
+        net.trace = False
+    assert got.shape == (len(PROMPT), net.args.vocab_size) and np.isfinite(got).all()
+    assert len(net.trace_log) == len(PROMPT)
+    ref = BitNet(net.args, NumpyBackend(c))
+    plain = ref.forward(PROMPT, ref.new_cache(len(PROMPT)), all_logits=True)
+    shared = GpuQuant(monkeypatch, net.trace_log)
+    want = ref.forward(PROMPT, ref.new_cache(len(PROMPT)), all_logits=True)
+    assert shared.n == 4 * net.args.n_layers
+    assert rel_err(got, want) < 1e-5, f"{fid}: with the GPU's int8 activations"
+    if shared.flips == 0:
+        assert rel_err(got, plain) < 1e-3, fid
+
+
+@pytest.mark.parametrize("fid", FORMAT_IDS)
+def test_greedy_identical(nets, fid):
+    c, net = nets[fid]
+    ref = BitNet(net.args, NumpyBackend(c))
+    want = list(generate_step(ref, PROMPT, max_new_tokens=24, sampler=make_sampler()))
+    assert net.generate_greedy(PROMPT, 24) == want  # argmax on the GPU, 4 bytes a token
+    assert list(generate_step(net, PROMPT, max_new_tokens=8, sampler=make_sampler())) == want[:8]
+
+
+def test_split_bindings_and_lanes_give_the_same_logits(tiny_all, nets, devices):
+    """Embedding and FFN matrices cut into several bindings, and 16 lanes per row."""
+    c, net = nets["i2_s"]
+    want = net.forward(PROMPT, net.new_cache(len(PROMPT)))
+    small = WgpuBackend(c, device=devices(1, None, 40000), context=64)
+    assert len(small.embedding.chunks) == 7
+    net2 = small.network(net.args)
+    assert len(small.pair("blk.0.ffn_gate.weight", "blk.0.ffn_up.weight").chunks) == 2
+    np.testing.assert_array_equal(net2.forward(PROMPT, net2.new_cache(len(PROMPT))), want)
+    for fid in ("tq1_0", "rans"):
+        c2, net3 = nets[fid]
+        wide = WgpuBackend(c2, device=devices(16, "storage")).network(net.args)
+        got = wide.forward(PROMPT, wide.new_cache(len(PROMPT)))
+        assert rel_err(got, want) < 1e-5, fid
+
+
+@pytest.mark.parametrize("fid", ["i2_s", "tq2_0", "rans"])
+def test_op_by_op_backend(nets, fid, gpu):
+    """The Backend protocol: numpy's graph with GPU BitLinear and LM head."""
+    c, _ = nets[fid]
+    ref = BitNet(args_of(c), NumpyBackend(c))
+    want = ref.forward(PROMPT, ref.new_cache(len(PROMPT)), all_logits=True)
+    be = WgpuBackend(c, device=gpu)
+    net = BitNet(args_of(c), be)
+    assert rel_err(net.forward(PROMPT, net.new_cache(len(PROMPT)), all_logits=True), want) < 1e-5
+
+
+def test_profile(nets):
+    _, net = nets["tq2_0"]
+    p = net.profile(length=8, repeats=1)
+    kinds = p["kinds"]
+    assert {"embed", "norm", "matvec:tq2_0", "rope", "attention", "lm_head", "argmax"} <= set(
+        kinds)
+    assert kinds["matvec:tq2_0"]["dispatches"] == 6 * net.args.n_layers  # q k v o gate+up down
+    assert all(k["seconds"] > 0 and k["bytes"] > 0 for k in kinds.values())
+    assert p["token_seconds"] > 0 and p["gpu_seconds"] > 0
+    assert p["clock"] in ("gpu-timestamps", "host")
+    with pytest.raises(RequestError, match="another sequence"):
+        cache = net.new_cache(16)
+        cache.length = 3  # a sequence the profile has overwritten
+        net.forward([1], cache)
+
+
+def test_bad_requests(nets):
+    _, net = nets["stfma"]
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        net.forward([1, net.args.vocab_size], net.new_cache(4))
+    with pytest.raises(RequestError, match="exceed the context"):
+        net.forward([1] * 5, net.new_cache(4))
+    with pytest.raises(RequestError, match="this GPU KV cache holds"):
+        net.new_cache(net.max_len + 1)
+    a = net.new_cache(8)
+    net.forward([1, 2], a)
+    b = net.new_cache(8)
+    net.forward([3], b)  # a fresh sequence may start any time ...
+    with pytest.raises(RequestError, match="another sequence"):
+        net.forward([4], a)  # ... but the old one's cache is gone
+
+
+def test_loader_registration(tiny_all, adapter, monkeypatch):
+    from bitformat.runtime import loader
+
+    if "wgpu" not in loader.BACKENDS:
+        pytest.skip("bitformat.runtime.loader does not list the wgpu backend yet")
+    with loader.load(tiny_all["tq1_0"], backend="numpy") as ref:
+        want = ref.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens
+    with loader.load(tiny_all["tq1_0"], backend="wgpu") as m:
+        assert type(m.net).__name__ == "WgpuBitNet"
+        assert m.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens == want
+        if getattr(make_sampler(), "greedy", False):  # generate_step takes the GPU argmax
+            monkeypatch.setattr(m.net, "forward", None)  # so logits are never downloaded
+            assert m.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens == want
