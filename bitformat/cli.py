@@ -257,5 +257,61 @@ def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int,
                "token", err=True)
 
 
+@main.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("--backend", type=click.Choice(["cpu", "wgpu"]), default="cpu",
+              show_default=True)
+@click.option("--formats", default="all", show_default=True,
+              help="Containers to measure: all, or a comma list of ids.")
+@click.option("--tokens", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Decode steps timed (after a fixed 8-token prompt and 1 warm-up step).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also draw bytes per token against ms per token as a PNG at this path.")
+@click.option("--keep-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write the converted containers here and keep them (default: a temporary "
+                   "folder, each deleted after its run).")
+@click.option("--threads", type=int, default=None, help="CPU threads (default: adaptive).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="wgpu: profiled runs per container (the median is kept).")
+@click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
+              show_default=True, help="i2_s block layout of FILE.")
+@_friendly_errors
+def bench(file: Path, backend: str, formats: str, tokens: int, as_json: bool,
+          plot: Path | None, keep_dir: Path | None, threads: int | None, repeats: int,
+          i2s_layout: str) -> None:
+    """Convert FILE into each container and time decoding on a backend: per kernel class and
+    per token the bytes read, the time and the GB/s, and decode tokens/s."""
+    from tqdm import tqdm
+
+    from .bench import parse_formats, render, run_bench
+
+    fids = parse_formats(formats)
+    with tqdm(total=len(fids), desc="bench", unit="container", leave=False, file=sys.stderr,
+              disable=not sys.stderr.isatty()) as bar:
+        def stage(fid: str, what: str) -> None:
+            if what == "done":
+                bar.update(1)
+            else:
+                bar.set_postfix_str(f"{fid}: {what}")
+
+        def convert_bar(fid: str, total: int) -> _Progress:
+            return _Progress(total, f"-> {fid}")
+
+        result = run_bench(file, backend, fids, tokens, keep_dir=keep_dir, threads=threads,
+                           repeats=repeats, i2s_variant=i2s_layout, convert_progress=convert_bar,
+                           stage=stage)
+    if plot is not None:
+        from .bench_plot import plot_bench
+
+        plot_bench(result, plot)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=1))
+    else:
+        click.echo(render(result))
+        if plot is not None:
+            click.echo(f"plot written to {plot}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,358 @@
+"""``bitformat bench``: one model in every container, decoded on a backend, timed per kernel class.
+
+For each container the model is converted (into a temporary folder unless ``keep_dir``), loaded
+on the backend, given a fixed prompt (:data:`PROMPT_IDS`) and one untimed warm-up decode step,
+and then ``tokens`` greedy decode steps are timed. Per token and per kernel class it reports
+the bytes read, the milliseconds and the effective GB/s; per container the totals and decode
+tokens/s.
+
+Bytes are the container's own (every class reads its tensors once per token, as
+:class:`~.runtime.loader.LoadedModel` counts them), so they depend on the container only, not on
+the backend:
+
+==============  ===========================================  ===============================
+class           bytes per token                              time (cpu / wgpu)
+==============  ===========================================  ===============================
+``ternary``     every ternary matrix in its container bytes  ``bitlinear`` calls / mat-vec,
+                                                             rans gather and finish kernels
+``lm_head``     ``token_embd`` (the tied LM head)            ``lm_head`` calls / lm_head and
+                                                             argmax kernels
+``other``       the other tensors (norm gains, scales)       the rest of the step / embed and
+                                                             norm_quant kernels
+``attention``   the K and V cache the step reads (f32, the   ``rope`` and ``attention`` /
+                mean over the timed steps)                   rope and attention kernels
+==============  ===========================================  ===============================
+
+Times: on ``cpu`` host timers around the backend's calls during the timed steps (``other`` is
+the step's wall time minus the three others); on ``wgpu`` :meth:`~.runtime.wgpu_model.
+WgpuBitNet.profile` of one step at the mean length (GPU timestamp queries where the adapter has
+them, else each dispatch submitted and waited for alone, timed on the host). Totals
+(``ms_per_token``, ``tokens_per_s``) are always host wall time of the timed steps, which on
+``wgpu`` also holds the submit and the 4-byte argmax readback.
+
+>>> r = run_bench("tiny.gguf", "cpu", ["i2_s", "rans"], tokens=8)     # doctest: +SKIP
+>>> r.containers[1].tokens_per_s                                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .container import Model, convert, open_model
+from .errors import RequestError
+from .formats import FORMAT_IDS
+
+#: The prompt (token ids, taken modulo the vocabulary): fixed, so runs compare.
+PROMPT_IDS = (1, 5, 17, 300, 42, 7, 99, 128)
+BACKENDS = ("cpu", "wgpu")
+CLASSES = ("ternary", "lm_head", "other", "attention")
+LABELS = {"ternary": "ternary mat-vecs", "lm_head": "LM head", "other": "norms, quant, other",
+          "attention": "attention (RoPE, KV)"}
+#: wgpu profile kinds -> class (anything else is "other": embed, norm)
+GPU_CLASS = {"rans:gather": "ternary", "rans:finish": "ternary", "lm_head": "lm_head",
+             "argmax": "lm_head", "rope": "attention", "attention": "attention"}
+F32 = 4
+
+
+@dataclass
+class ContainerBench:
+    """One container's figures; ``classes[c]`` has ``bytes``, ``ms`` and ``gbps`` per token."""
+
+    format: str
+    path: str
+    file_bytes: int
+    classes: dict[str, dict[str, float]]
+    bytes_per_token: int
+    ms_per_token: float  # host wall time of a timed decode step (mean)
+    tokens_per_s: float
+    gbps: float  # bytes_per_token / ms_per_token
+    kernel_ms: float  # the classes' ms summed (wgpu: GPU time of one step)
+    convert_s: float
+    load_s: float
+    tokens: list[int] = field(default_factory=list)  # the greedy tokens of the timed steps
+    detail: dict[str, Any] | None = None  # wgpu: the raw profile (its own per-kind bytes)
+
+
+@dataclass
+class BenchResult:
+    source: str
+    backend: str
+    device: str
+    timing: str  # the clock of the class times: "gpu-timestamps" or "host"
+    prompt_tokens: int
+    warmup_tokens: int
+    tokens: int
+    kv_bytes_per_position: int
+    containers: list[ContainerBench] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_formats(text: str | list[str] | tuple[str, ...]) -> list[str]:
+    """``"all"`` or a comma list of container ids -> the ids, in :data:`FORMAT_IDS` order."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    items = [t.strip() for t in items if t.strip()]
+    if items == ["all"]:
+        return list(FORMAT_IDS)
+    bad = [t for t in items if t not in FORMAT_IDS]
+    if bad or not items:
+        raise RequestError(f"unknown container {bad[0] if bad else '(none)'!r}; choose all or "
+                           f"a comma list of {', '.join(FORMAT_IDS)}")
+    return [f for f in FORMAT_IDS if f in items]
+
+
+def kv_bytes_per_position(args: Any) -> int:
+    """K and V of every layer for one cached position (f32 on both backends)."""
+    return 2 * args.n_layers * args.n_kv_heads * args.head_dim * F32
+
+
+def class_bytes(model: Model, kv_bytes: int) -> dict[str, int]:
+    """Bytes per token of each kernel class (see the module docstring)."""
+    out = dict.fromkeys(CLASSES, 0)
+    for e in model.entries:
+        key = "ternary" if e.ternary else "lm_head" if e.name == "token_embd.weight" else "other"
+        out[key] += e.nbytes
+    out["attention"] = kv_bytes
+    return out
+
+
+def _args(model: Model) -> Any:
+    from .runtime.model import ModelArgs
+
+    meta = {k: v.plain() for k, v in model.metadata.items()}
+    return ModelArgs.from_metadata(meta, vocab_size=model.entry("token_embd.weight").shape[0])
+
+
+class _Timers:
+    """Adds the wall time of wrapped calls to ``seconds[key]``."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(CLASSES, 0.0)
+
+    def wrap(self, key: str, fn: Callable) -> Callable:
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds[key] += time.perf_counter() - t0
+        return timed
+
+
+@contextlib.contextmanager
+def _timed_cpu(backend: Any, timers: _Timers) -> Iterator[None]:
+    """Time the backend's ``bitlinear`` / ``lm_head`` (instance attributes shadow the methods)
+    and the model module's ``rope`` / ``attention`` (looked up as globals on every call)."""
+    from .runtime import model as M
+
+    backend.bitlinear = timers.wrap("ternary", type(backend).bitlinear.__get__(backend))
+    backend.lm_head = timers.wrap("lm_head", type(backend).lm_head.__get__(backend))
+    saved = {n: getattr(M, n) for n in ("rope", "attention") if hasattr(M, n)}
+    for n, fn in saved.items():
+        setattr(M, n, timers.wrap("attention", fn))
+    try:
+        yield
+    finally:
+        del backend.bitlinear, backend.lm_head
+        for n, fn in saved.items():
+            setattr(M, n, fn)
+
+
+def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
+             i2s_variant: str) -> tuple[dict[str, float], float, list[int], float, str]:
+    """(seconds per class, wall seconds, tokens, load seconds, device) of ``tokens`` timed
+    decode steps; class seconds are totals over the steps."""
+    from .runtime import load
+
+    t0 = time.perf_counter()
+    with load(path, backend="cpu", threads=threads, i2s_variant=i2s_variant) as m:
+        load_s = time.perf_counter() - t0
+        net, be = m.net, m.backend
+        cache = net.new_cache(len(prompt) + 1 + tokens)
+        tok = int(np.argmax(net.forward(prompt, cache)[-1]))
+        tok = int(np.argmax(net.forward([tok], cache)[-1]))  # warm-up: first-call costs
+        timers, out = _Timers(), []
+        with _timed_cpu(be, timers):
+            t0 = time.perf_counter()
+            for _ in range(tokens):
+                tok = int(np.argmax(net.forward([tok], cache)[-1]))
+                out.append(tok)
+            wall = time.perf_counter() - t0
+        secs = timers.seconds
+        secs["other"] = max(0.0, wall - secs["ternary"] - secs["lm_head"] - secs["attention"])
+        device = (f"{platform.machine()} cpu, {os.cpu_count()} cores, "
+                  f"{getattr(be, 'threads', '?')} threads, numba {getattr(be, 'kernel', '?')}")
+        return secs, wall, out, load_s, device
+
+
+def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: int
+              ) -> tuple[dict[str, float], float, list[int], float, dict[str, Any]]:
+    """The same on the GPU; class seconds are one profiled step at the mean length."""
+    from .runtime.wgpu_backend import WgpuBackend
+
+    n = len(prompt) + 1 + tokens
+    t0 = time.perf_counter()
+    net = WgpuBackend(model, device=dev, context=n).network(_args(model))
+    load_s = time.perf_counter() - t0
+    cache = net.new_cache(n)
+    tok = net.forward_argmax(prompt, cache)
+    tok = net.forward_argmax([tok], cache)  # warm-up
+    out, wall = [], 0.0
+    for _ in range(tokens):
+        t0 = time.perf_counter()
+        tok = net.forward_argmax([tok], cache)
+        wall += time.perf_counter() - t0
+        out.append(tok)
+    length = int(round(len(prompt) + (tokens + 3) / 2))  # the mean length of the timed steps
+    prof = net.profile(length=min(length, n), token=tok, repeats=repeats)
+    secs = dict.fromkeys(CLASSES, 0.0)
+    for kind, k in prof["kinds"].items():
+        key = "ternary" if kind.startswith("matvec") else GPU_CLASS.get(kind, "other")
+        secs[key] += k["seconds"]
+    return secs, wall, out, load_s, prof
+
+
+def run_bench(path: str | os.PathLike, backend: str = "cpu",
+              formats: str | list[str] | tuple[str, ...] = "all", tokens: int = 16, *,
+              keep_dir: str | os.PathLike | None = None, threads: int | None = None,
+              repeats: int = 3, i2s_variant: str = "x86",
+              convert_progress: Callable[[str, int], Any] | None = None,
+              stage: Callable[[str, str], None] | None = None) -> BenchResult:
+    """Convert ``path`` into each container of ``formats`` and benchmark decoding on ``backend``.
+
+    ``convert_progress(fid, total_bytes)`` may return a per-tensor callback with ``close()``
+    (a progress bar); ``stage(fid, what)`` hears "converting", "loading and decoding" and "done".
+    ``repeats`` is the wgpu profile's. A source already in a container is used as it is.
+    """
+    if backend not in BACKENDS:
+        raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
+    if tokens < 1:
+        raise RequestError("bench needs at least one decode step (--tokens)")
+    fids = parse_formats(formats)
+    src = Path(path)
+    with open_model(src, i2s_variant=i2s_variant) as m:
+        args = _args(m)
+        src_container = m.container if src.is_file() else None
+        total = sum(e.nbytes for e in m.entries)
+    prompt = [t % args.vocab_size for t in PROMPT_IDS]
+    kv_pos = kv_bytes_per_position(args)
+    kv = kv_pos * (2 * len(prompt) + tokens + 3) // 2  # mean over the timed steps
+    dev = None
+    if backend == "wgpu":
+        from .runtime.wgpu_device import GpuDevice
+
+        dev = GpuDevice()
+    result = BenchResult(str(src), backend, dev.name if dev else "", "host", len(prompt), 1,
+                         tokens, kv_pos)
+    with contextlib.ExitStack() as stack:
+        if keep_dir is None:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
+        else:
+            folder = Path(keep_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+        stem = src.name if src.is_dir() else src.stem
+        for fid in fids:
+            target, t0 = src, time.perf_counter()
+            if fid != src_container:
+                target = folder / f"{stem}.{fid}.gguf"
+                if stage:
+                    stage(fid, "converting")
+                bar = convert_progress(fid, total) if convert_progress else None
+                try:
+                    convert(src, target, fid, i2s_variant=i2s_variant, progress=bar)
+                finally:
+                    if bar is not None:
+                        bar.close()
+            convert_s = time.perf_counter() - t0
+            try:
+                result.containers.append(_bench_one(target, fid, backend, dev, prompt, tokens,
+                                                    kv, threads, repeats, i2s_variant,
+                                                    convert_s, stage, result))
+                if stage:
+                    stage(fid, "done")
+            finally:
+                if keep_dir is None and target != src:
+                    target.unlink(missing_ok=True)
+    return result
+
+
+def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int], tokens: int,
+               kv: int, threads: int | None, repeats: int, i2s_variant: str, convert_s: float,
+               stage: Callable[[str, str], None] | None, result: BenchResult) -> ContainerBench:
+    if stage:
+        stage(fid, "loading and decoding")
+    detail = None
+    with open_model(target, i2s_variant=i2s_variant) as model:
+        nbytes = class_bytes(model, kv)
+        if backend == "cpu":
+            secs, wall, out, load_s, result.device = _run_cpu(target, prompt, tokens, threads,
+                                                              i2s_variant)
+            per_class = {k: v / tokens for k, v in secs.items()}
+        else:
+            per_class, wall, out, load_s, detail = _run_wgpu(model, dev, prompt, tokens,
+                                                             repeats)
+            result.timing = detail["clock"]
+    classes = {k: {"bytes": nbytes[k], "ms": per_class[k] * 1e3,
+                   "gbps": nbytes[k] / per_class[k] / 1e9 if per_class[k] > 0 else 0.0}
+               for k in CLASSES}
+    bpt = sum(nbytes.values())
+    ms = wall / tokens * 1e3
+    return ContainerBench(fid, str(target), target.stat().st_size if target.is_file() else 0,
+                          classes, bpt, ms, 1e3 / ms, bpt / ms / 1e6,
+                          sum(c["ms"] for c in classes.values()), convert_s, load_s, out, detail)
+
+
+# -- rendering ----------------------------------------------------------------------------------
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.3f}" if n < 1e8 else f"{n / 1e6:,.1f}"
+
+
+def render(r: BenchResult) -> str:
+    """A text table: per container, each class and the totals."""
+    where = (f"one profiled step ({r.timing})" if r.backend == "wgpu"
+             else "host timers around the backend's calls")
+    lines = [f"{Path(r.source).name} on {r.backend} ({r.device})",
+             f"{r.prompt_tokens}-token prompt, {r.warmup_tokens} warm-up step, {r.tokens} timed "
+             f"decode steps; class times: {where}; totals: host wall time per step", "",
+             f"{'container':<12}{'kernel class':<22}{'MB/token':>12}{'ms/token':>11}"
+             f"{'GB/s':>9}{'tok/s':>10}"]
+    for c in r.containers:
+        for i, k in enumerate(CLASSES):
+            d = c.classes[k]
+            lines.append(f"{c.format if i == 0 else '':<12}{LABELS[k]:<22}{_mb(d['bytes']):>12}"
+                         f"{d['ms']:>11.3f}{d['gbps']:>9.2f}")
+        lines.append(f"{'':<12}{'total (wall)':<22}{_mb(c.bytes_per_token):>12}"
+                     f"{c.ms_per_token:>11.3f}{c.gbps:>9.2f}{c.tokens_per_s:>10.1f}")
+    if len({tuple(c.tokens) for c in r.containers}) > 1:
+        lines += ["", "note: the containers decoded different tokens"]
+    return "\n".join(lines)
+
+
+def render_markdown(r: BenchResult) -> str:
+    """One markdown table row per container (docs/benchmarks.md)."""
+    head = ("| container | MB/token | ms/token (wall) | tok/s | GB/s | "
+            + " | ".join(f"{LABELS[k]}: ms (GB/s)" for k in CLASSES) + " |")
+    rows = [head, "|" + "---|" * (5 + len(CLASSES))]
+    def ms(v: float) -> str:
+        return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.3f}"
+
+    for c in r.containers:
+        cells = [f"{ms(c.classes[k]['ms'])} ({c.classes[k]['gbps']:.2f})" for k in CLASSES]
+        rows.append(f"| {c.format} | {_mb(c.bytes_per_token)} | {ms(c.ms_per_token)} | "
+                    f"{c.tokens_per_s:.3g} | {c.gbps:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+__all__ = ["BenchResult", "ContainerBench", "class_bytes", "kv_bytes_per_position",
+           "parse_formats", "render", "render_markdown", "run_bench"]

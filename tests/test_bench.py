@@ -1,0 +1,110 @@
+"""``bitformat bench`` on the cpu backend: bytes per token recounted here from the containers'
+tensors and the model shape, times and rates consistent with each other, the plot a real PNG."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+
+import pytest
+from click.testing import CliRunner
+
+from bitformat import open_model
+from bitformat.bench import PROMPT_IDS, parse_formats
+from bitformat.cli import main
+from bitformat.errors import RequestError
+from bitformat.formats import FORMAT_IDS
+
+TOKENS = 4
+
+
+def bench(*args) -> dict:
+    r = CliRunner().invoke(main, ["bench", *map(str, args)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def expected_bytes(path, prompt: int, warmup: int, tokens: int) -> dict[str, int]:
+    """Per class, from the container's tensor list and its shape metadata alone."""
+    with open_model(path) as m:
+        arch = m.get("general.architecture")
+        layers, dim = m.get(f"{arch}.block_count"), m.get(f"{arch}.embedding_length")
+        heads = m.get(f"{arch}.attention.head_count")
+        kv_heads = m.get(f"{arch}.attention.head_count_kv", heads)
+        out = {"ternary": sum(e.nbytes for e in m.entries if e.ternary),
+               "lm_head": m.entry("token_embd.weight").nbytes,
+               "other": sum(e.nbytes for e in m.entries
+                            if not e.ternary and e.name != "token_embd.weight")}
+        assert sum(out.values()) == sum(e.nbytes for e in m.entries)
+    per_pos = layers * 2 * kv_heads * (dim // heads) * 4  # f32 K and V of every layer
+    # timed step i runs position prompt + warmup + i and reads that many positions + 1
+    lengths = [prompt + warmup + i + 1 for i in range(tokens)]
+    kv = sum(per_pos * n for n in lengths)
+    assert kv % tokens == 0
+    out["attention"] = kv // tokens
+    return out
+
+
+def check_container(c: dict, r: dict) -> None:
+    want = expected_bytes(c["path"], r["prompt_tokens"], r["warmup_tokens"], r["tokens"])
+    assert {k: v["bytes"] for k, v in c["classes"].items()} == want, c["format"]
+    assert c["bytes_per_token"] == sum(want.values())
+    assert c["ms_per_token"] > 0 and c["kernel_ms"] > 0
+    assert c["tokens_per_s"] == pytest.approx(1e3 / c["ms_per_token"], rel=1e-9)
+    assert c["gbps"] == pytest.approx(c["bytes_per_token"] / c["ms_per_token"] / 1e6, rel=1e-9)
+    for k, v in c["classes"].items():
+        assert v["ms"] > 0, (c["format"], k)
+        assert v["gbps"] == pytest.approx(v["bytes"] / v["ms"] / 1e6, rel=1e-9)
+    assert len(c["tokens"]) == r["tokens"]
+
+
+def test_cpu_json_bytes_times_and_plot(tiny_gguf, tmp_path):
+    png, keep = tmp_path / "bench.png", tmp_path / "kept"
+    r = bench(tiny_gguf, "--formats", "rans,i2_s,tq1_0", "--tokens", TOKENS, "--json",
+              "--plot", png, "--keep-dir", keep)
+    res = json.loads(r.stdout)
+    assert res["backend"] == "cpu" and res["timing"] == "host"
+    assert (res["tokens"], res["warmup_tokens"]) == (TOKENS, 1)
+    assert res["prompt_tokens"] == len(PROMPT_IDS)
+    assert [c["format"] for c in res["containers"]] == ["i2_s", "tq1_0", "rans"]
+    for c in res["containers"]:
+        check_container(c, res)
+        # the class times are the step's wall time cut into parts
+        assert c["kernel_ms"] == pytest.approx(c["ms_per_token"], rel=1e-6)
+        with open_model(c["path"]) as m:
+            assert m.container == c["format"]
+        assert c["file_bytes"] == (tiny_gguf if c["format"] == "i2_s" else keep /
+                                   f"{tiny_gguf.stem}.{c['format']}.gguf").stat().st_size
+    assert res["containers"][0]["path"] == str(tiny_gguf)  # the source is used as it is
+    blob = png.read_bytes()
+    assert blob[:8] == b"\x89PNG\r\n\x1a\n" and blob[12:16] == b"IHDR"
+    assert len(blob) > 20_000  # two panels of marks and text, not an empty canvas
+    import matplotlib.image
+
+    assert matplotlib.image.imread(png).shape[:2] == (605, 1430)
+
+
+def test_cpu_text_and_temporary_files(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    r = bench(tiny_gguf, "--formats", "tq2_0,stfma", "--tokens", 2)
+    for word in ("tq2_0", "stfma", "ternary mat-vecs", "LM head", "attention", "tok/s"):
+        assert word in r.stdout
+    assert "i2_s " not in r.stdout
+    assert list(tmp_path.iterdir()) == []  # converted containers are deleted
+
+
+def test_bad_requests(tiny_gguf):
+    r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--formats", "i2_s,q4_0"])
+    assert r.exit_code == 1 and "unknown container 'q4_0'" in r.output
+    r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--tokens", "0"])
+    assert r.exit_code == 2
+    r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--backend", "tpu"])
+    assert r.exit_code == 2
+
+
+def test_parse_formats():
+    assert parse_formats("all") == list(FORMAT_IDS)
+    assert parse_formats(" rans, i2_s ") == ["i2_s", "rans"]
+    for bad in ("", "all,rans", "hf"):
+        with pytest.raises(RequestError):
+            parse_formats(bad)
