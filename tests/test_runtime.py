@@ -473,3 +473,120 @@ def test_thread_picker_follows_the_faster_setting():
         p.record(2, 1e9)  # the other cores got busy
     picks = [p.pick() for _ in range(256)]
     assert picks.count(2) == 2  # far slower: explored every 128th call only
+
+
+# -- rans: streams decoded inside the mat-vec ------------------------------------------------------
+def _rans_exact(w, trits, q, s):
+    """What every cpu kernel must give: exact int sums, then ``/ s * scale`` in float32."""
+    exact = (q.astype(np.int64) @ trits.T.astype(np.int64)).astype(np.float32)
+    return exact / s[:, None] * np.float32(w.scale)
+
+
+@pytest.mark.parametrize("kernel", ["vnni", "portable"])
+def test_rans_cpu_holds_only_container_words(tiny, kernel):
+    """The backend keeps a view of the tensor's words plus index arrays a fraction of its size
+    (no int8 trits), and every mat-vec matches the numpy backend exactly, for 1 token (a dot
+    table per token), 3 (one decode per token) and 6 (one decode, row buffer)."""
+    from bitformat.runtime import cpu_rans as KR
+    from bitformat.runtime.cpu_backend import CpuBackend
+    from bitformat.runtime.cpu_kernels import kernel_mode
+    from bitformat.runtime.numpy_backend import NumpyBackend
+
+    if kernel == "vnni" and kernel_mode() != "vnni":
+        pytest.skip("vnni kernels not selected (no AVX512-VNNI, or BITFORMAT_CPU_KERNEL)")
+    rng = np.random.default_rng(5)
+    with open_model(tiny["rans"]) as c:
+        cpu, ref = CpuBackend(c, kernel=kernel), NumpyBackend(c)
+        for e in (e for e in c.entries if e.ternary):
+            w = cpu.weight(e.name)
+            assert isinstance(w, KR.RansWeight)
+            assert np.shares_memory(w.data, c.plain(e.name)[1]) and w.data.nbytes == e.nbytes
+            arrays = [v for v in vars(w).values() if isinstance(v, np.ndarray)]
+            assert not any(a.dtype == np.int8 for a in arrays)
+            own = sum(a.nbytes for a in arrays if not np.shares_memory(a, w.data))
+            # at most 16 decode tables of 16 KB, then a few bytes per row and live column
+            assert own < 16 * 4096 * 4 + e.shape[0] * 13 + e.shape[1] * 8 + 64
+            for t in (1, 3, 6):
+                qa = quantize_activations(rng.standard_normal((t, e.shape[1])).astype(np.float32))
+                np.testing.assert_array_equal(cpu.bitlinear(qa, w),
+                                              ref.bitlinear(qa, ref.weight(e.name)))
+
+
+@pytest.mark.parametrize("mode", ["group5", "trit"])
+@pytest.mark.parametrize("shape,min_stream", [((37, 300), 64), ((90, 23), 64), ((9, 1000), 4096),
+                                              ((70, 2560), 4096), ((3, 5), 5)])
+def test_rans_kernels_geometries(shape, min_stream, mode):
+    """Pieces per row (p > 1), several rows per stream, lock-step blocks and their leftovers,
+    dead rows and columns, single-trit symbols: exact against integer sums."""
+    from bitformat.formats.rans import Rans
+    from bitformat.runtime import cpu_rans as KR
+    from bitformat.ternary import TernaryTensor
+
+    rng = np.random.default_rng(sum(shape))
+    rows, cols = shape
+    trits = rng.choice(np.int8([-1, 0, 1]), shape, p=[0.3, 0.4, 0.3])
+    trits[rng.random(rows) < 0.2] = 0  # dead rows
+    trits[:, rng.random(cols) < 0.2] = 0  # dead columns
+    raw = Rans(mode, min_stream=min_stream).encode(TernaryTensor(trits, np.float32([0.75])))
+    w = KR.rans_weight(raw, rows, cols, 0.75, "m", {})
+    for t in (1, 7):
+        q = rng.integers(-128, 128, (t, cols)).astype(np.int8)
+        s = rng.uniform(0.5, 2, t).astype(np.float32)
+        out = np.zeros((t, rows), np.float32)
+        args = (w.data, w.word_off, w.lrows, w.k, w.p, w.m0, w.cls, w.dec)
+        if t == 1:
+            tab = KR.token_table(w, q[0], np.empty(243 * w.n_sym, np.int16))
+            KR.rans_mv(*args, tab, s, w.scale, out)
+        else:
+            KR.rans_mm(*args, KR.symbol_digits(w.group), KR.live_activations(q, w), s, w.scale,
+                       out)
+        np.testing.assert_array_equal(out, _rans_exact(w, trits, q, s), err_msg=f"{t} tokens")
+
+
+def test_rans_corrupt_stream_fails_at_load(tiny, tmp_path):
+    """validate (the default) runs the format's reader once: a flipped stream word fails at
+    load; without it the kernels still stay inside the tensor."""
+    from bitformat.errors import FormatError
+    from bitformat.gguf_io import GGUFReader
+    from bitformat.runtime.cpu_backend import CpuBackend
+
+    name = "blk.0.ffn_up.weight"
+    with GGUFReader(tiny["rans"]) as r:
+        at = r.data_offset + r.tensors[name].offset + r.tensors[name].nbytes - 8
+    data = bytearray(tiny["rans"].read_bytes())
+    data[at] ^= 0x40  # inside the last stream's words
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with open_model(bad) as c:
+        with pytest.raises(FormatError, match="checksum|corrupt"):
+            CpuBackend(c).weight(name)
+        w = CpuBackend(c, validate=False).weight(name)
+        qa = quantize_activations(np.ones((1, w.cols), np.float32))
+        assert CpuBackend(c, validate=False).bitlinear(qa, w).shape == (1, w.rows)
+
+
+def test_rans_greedy_with_portable_env(tiny, cpu_models, monkeypatch):
+    """BITFORMAT_CPU_KERNEL=portable: the rans model decodes the same tokens."""
+    from bitformat.runtime import cpu_kernels as K
+
+    monkeypatch.setenv(K.ENV_VAR, "portable")
+    with load(tiny["rans"], backend="cpu") as m:
+        assert m.backend.kernel == "portable"
+        got = m.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens
+    assert got == cpu_models["i2_s"].generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens
+
+
+def test_lm_head_copy_is_resident_and_equal(tiny):
+    """The LM head reads an anonymous copy of the embedding (huge pages where the OS gives
+    them), equal to the container's bytes; the file pages are released from the mapping."""
+    from bitformat.runtime.cpu_backend import CpuBackend, resident_copy
+    from bitformat.runtime.numpy_backend import NumpyBackend
+
+    with open_model(tiny["i2_s"]) as c:
+        raw = c.plain("token_embd.weight")[1]
+        be = CpuBackend(c)
+        assert not np.shares_memory(be._embed_raw, raw)
+        np.testing.assert_array_equal(be._embed_raw.reshape(-1), raw)
+        np.testing.assert_array_equal(resident_copy(raw, chunk=4096 + 17), raw)
+        ids = np.array([3, 1])
+        np.testing.assert_array_equal(be.embed(ids), NumpyBackend(c).embed(ids))

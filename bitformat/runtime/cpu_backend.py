@@ -1,15 +1,20 @@
 """The ``cpu`` backend: numba kernels over the container bytes, on every core.
 
-Float32 throughout. BitLinear runs one kernel per container (:mod:`.cpu_kernels`) with int8
-activations and int32 sums; the kernel build (``vnni`` or ``portable``) is chosen once per
-process (:func:`~.cpu_kernels.kernel_mode`). Matrices no kernel reads (an i2_s matrix whose
-rows do not start on a 128-value block, an hf folder's packed rows) are decoded to int8 trits
-once at load and use a generic int8 kernel. With ``validate`` (the default) every matrix is
-read once by its format's reader at load, so a code 3 or a NaN scale fails there.
+Float32 throughout. BitLinear runs one kernel per container (:mod:`.cpu_kernels`,
+:mod:`.cpu_rans`) with int8 activations and int32 sums, reading the container's bytes on
+every call; the kernel build (``vnni`` or ``portable``) is chosen once per process
+(:func:`~.cpu_kernels.kernel_mode`). ``rans`` streams are decoded inside the mat-vec, so no
+copy of any container's matrix is made. Two sources have no row-readable bytes: an hf folder
+(not a bitformat container: safetensors of packed uint8 rows) and an i2_s matrix whose rows do
+not start on a 128-value block. Those are decoded once at load and repacked as stfma rows
+(2 bits a weight) for the 2-bit kernel. With ``validate`` (the default) every matrix is read
+once by its format's reader at load, so a code 3, a corrupt rans stream or a NaN scale fails
+there.
 """
 
 from __future__ import annotations
 
+import mmap
 import time
 from dataclasses import dataclass
 
@@ -17,7 +22,10 @@ import numpy as np
 
 from ..constants import GGMLType
 from ..container import Model
+from ..errors import InvalidScaleError, MetadataError
+from ..formats import get_format
 from . import cpu_kernels as K
+from . import cpu_rans as KR
 from .backend import Backend, QuantizedActivations, TernarySource, ternary_source
 
 #: Matrices smaller than this run on the calling thread alone (see :meth:`CpuBackend._call`).
@@ -37,6 +45,34 @@ class CpuWeight:
     scale: np.float32 | np.ndarray  # per-tensor scale, or float32 [rows, n_blocks] (trits)
     layout: str = ""  # slot layout of the activations (2-bit formats)
     kind: int = 0
+
+
+def resident_copy(raw: np.ndarray, chunk: int = 32 << 20) -> np.ndarray:
+    """``raw`` copied into anonymous memory, where numpy asks for transparent huge pages.
+
+    For the LM head, the biggest tensor read per token: on 4 KiB pages of a file mapping its
+    kernel streamed 23 GB/s, from huge pages 28-29 (2B-4T, 2 threads). Where ``raw`` views a
+    read-only file mapping (a GGUF), each copied chunk is dropped from this process's mapping
+    again (``MADV_DONTNEED`` only unmaps those pages; a later read faults them back in from
+    the page cache), so the resident size does not count the tensor twice. The copy is
+    read-only, like the mapping.
+    """
+    out = np.empty_like(raw)
+    mm = raw.base
+    while isinstance(mm, (np.ndarray, memoryview)):
+        mm = mm.base if isinstance(mm, np.ndarray) else mm.obj
+    if not (isinstance(mm, mmap.mmap) and hasattr(mm, "madvise") and memoryview(mm).readonly):
+        mm = None
+    start = raw.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data if mm else 0
+    flat_in, flat_out = raw.reshape(-1), out.reshape(-1)
+    for i in range(0, flat_in.size, chunk):
+        flat_out[i: i + chunk] = flat_in[i: i + chunk]
+        lo = -(-(start + i) // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = (start + min(i + chunk, flat_in.size)) // mmap.PAGESIZE * mmap.PAGESIZE
+        if mm is not None and hi > lo:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    out.setflags(write=False)
+    return out
 
 
 class ThreadPicker:
@@ -93,7 +129,11 @@ class CpuBackend(Backend):
         self._mm2 = K.mm2_vnni if vnni else K.mm2_portable
         self._tq2 = K.tq2_vnni if vnni else K.tq2_portable
         self._tq1 = K.tq1_vnni if vnni else K.tq1_portable
+        self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
+        self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         et = self.embed_type
+        if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+            self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
         self._lut = None
         if et == GGMLType.F32:
             self._E = self._embed_raw.view("<f4")
@@ -104,10 +144,12 @@ class CpuBackend(Backend):
             self._E = None  # plain_array raises a clear error in lm_head
 
     # -- weights ------------------------------------------------------------------------------
-    def weight(self, name: str) -> CpuWeight:
+    def weight(self, name: str) -> CpuWeight | KR.RansWeight:
+        if self.model.entry(name).encoding == "rans":
+            return self._rans_weight(name)
         src = ternary_source(self.model, name, self.i2s_variant)
         if src is None or src.row_bytes is None:
-            return self._trits_weight(name, src)
+            return self._repacked_weight(name, src)
         if self.validate:  # the kernels trust the bytes: check every code and scale once
             src.decode_rows(0, src.rows)
         if src.encoding in TWO_BIT:
@@ -116,10 +158,32 @@ class CpuBackend(Backend):
                              np.float32(src.scale), layout or self.i2s_variant, kind)
         return CpuWeight(src.encoding, src.rows, src.cols, src.rows_view(), np.float32(0))
 
-    def _trits_weight(self, name: str, src: TernarySource | None) -> CpuWeight:
+    def _rans_weight(self, name: str) -> KR.RansWeight:
+        """The tensor's words as they are, with the index arrays to decode them in the kernel."""
+        rows, cols = self.model.entry(name).shape
+        if self.validate:  # every check of the format's reader; the trits are dropped
+            scale = float(self.model.ternary(name).scales[0])
+        else:
+            scale = self.model.get(f"bitformat.tensor.{name}.scale")
+            if not isinstance(scale, float):
+                raise MetadataError("missing its per-tensor scale", path=self.model.path,
+                                    tensor=name)
+            if not np.isfinite(scale):
+                raise InvalidScaleError(f"scale is {scale}", path=self.model.path, tensor=name)
+        return KR.rans_weight(self.model.plain(name)[1], rows, cols, scale, name, self._colsets)
+
+    def _repacked_weight(self, name: str, src: TernarySource | None) -> CpuWeight:
+        """Matrices without row-readable bytes (module docstring), decoded once and repacked.
+
+        Per-tensor scales become stfma rows (the 2-bit kernel); anything else keeps int8
+        trits and the generic kernel (no source of that kind exists today).
+        """
         t = self.model.ternary(name) if src is None else src.decode_rows(0, src.rows)
-        scales = (np.full((t.rows, 1), t.scales[0], np.float32) if t.scale_block == 0
-                  else np.ascontiguousarray(t.scales, dtype=np.float32))
+        if t.scale_block == 0:
+            rows = get_format("stfma").encode(t).view(np.uint8).reshape(t.rows, -1)
+            return CpuWeight("stfma", t.rows, t.cols, rows, np.float32(t.scales[0]), "plain",
+                             K.KIND_LOW)
+        scales = np.ascontiguousarray(t.scales, dtype=np.float32)
         return CpuWeight("trits", t.rows, t.cols, t.trits, scales)
 
     def _call(self, kernel, nbytes: int, *args) -> None:
@@ -164,10 +228,12 @@ class CpuBackend(Backend):
                 qa.cache[full] = K.slot_activations(qa.q, key, width)
         return qa.cache[full]
 
-    def bitlinear(self, qa: QuantizedActivations, w: CpuWeight) -> np.ndarray:
-        out = np.empty((qa.q.shape[0], w.rows), dtype=np.float32)
+    def bitlinear(self, qa: QuantizedActivations, w: CpuWeight | KR.RansWeight) -> np.ndarray:
         s = self._derived(qa, "s")
         enc = w.encoding
+        if enc == "rans":
+            return self._rans(qa, w, s)
+        out = np.empty((qa.q.shape[0], w.rows), dtype=np.float32)
         if enc in TWO_BIT:
             xg = self._derived(qa, w.layout, w.data.shape[1] * 4)
             corr = (np.zeros(len(s), np.int32) if w.kind == K.KIND_COLPACK
@@ -182,6 +248,34 @@ class CpuBackend(Backend):
         else:
             self._call(K.mm_trits, w.data.nbytes, w.data, w.scale, qa.q, s, out)
         return out
+
+    def _rans(self, qa: QuantizedActivations, w: KR.RansWeight, s: np.ndarray) -> np.ndarray:
+        out = np.zeros((qa.q.shape[0], w.rows), dtype=np.float32)  # dead rows stay 0
+        args = (w.data, w.word_off, w.lrows, w.k, w.p, w.m0, w.cls, w.dec)
+        if qa.q.shape[0] <= KR.MV_TOKENS:  # decode once per token, at a lookup per symbol
+            for t in range(qa.q.shape[0]):
+                self._call(KR.rans_mv, w.work, *args, self._rans_table(qa, w, t), s[t:t + 1],
+                           w.scale, out[t:t + 1])
+        else:
+            key = f"rans-x:{w.colset}:{w.group}"
+            if key not in qa.cache:
+                qa.cache[key] = KR.live_activations(qa.q, w)
+            self._call(KR.rans_mm, w.work, *args, KR.symbol_digits(w.group), qa.cache[key], s,
+                       w.scale, out)
+        return out
+
+    def _rans_table(self, qa: QuantizedActivations, w: KR.RansWeight, t: int) -> np.ndarray:
+        """Token t's dot-product table for ``w``'s live columns, made once per activation and
+        column set, in a scratch buffer per token index reused by every call (so it stays in
+        the caches)."""
+        buf, owner = self._rans_tables.get(t, (None, None))
+        if buf is None or buf.size < 243 * w.n_sym:
+            buf, owner = np.empty(243 * max(w.n_sym, 2048), np.int16), None
+        key = (w.colset, w.group, w.n_sym)
+        if owner is None or owner[0] is not qa or owner[1] != key:
+            KR.token_table(w, qa.q[t], buf)
+            self._rans_tables[t] = (buf, (qa, key))
+        return buf[:(243 if w.group == 5 else 3) * w.n_sym].reshape(-1, w.n_sym)
 
     # -- LM head ----------------------------------------------------------------------------------
     def lm_head(self, h: np.ndarray) -> np.ndarray:

@@ -334,27 +334,68 @@ def _f16_bits(typingctx, h):
     return sig, codegen
 
 
-@intrinsic
-def _prefetch_row(typingctx, a, row):
-    """Prefetch every 64-byte line of row ``row`` of the 2-D array ``a`` (if it exists)."""
-    sig = types.void(a, types.intp)
+#: Bytes ahead of the embedding row being read that the LM head prefetches (measured on the
+#: 656 MB 2B-4T head, 2 threads: 1024-2048 gave 28-29 GB/s against 26 GB/s without).
+HEAD_PREFETCH = 2048
 
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        nrows, row_bytes = cgutils.unpack_tuple(builder, ary.shape)[0], cgutils.unpack_tuple(
-            builder, ary.strides)[0]
-        base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
-        inside = builder.icmp_signed("<", args[1], nrows)
-        with builder.if_then(inside):
-            start = builder.mul(args[1], row_bytes)
-            lines = builder.sdiv(builder.add(row_bytes, ir.Constant(row_bytes.type, 63)),
-                                 ir.Constant(row_bytes.type, 64))
-            with cgutils.for_range(builder, lines) as loop:
-                _prefetch(builder, base, builder.add(start, builder.mul(
-                    loop.index, ir.Constant(row_bytes.type, 64))))
-        return context.get_dummy_value()
 
-    return sig, codegen
+def _make_half_dot(bf16: bool):
+    """Intrinsic ``dot(e, e_off, x, x_off, n) -> float32`` over n chunks of 32 halves.
+
+    Chunk i: 16-bit floats ``e[e_off + 32i : +32]`` (IEEE halves: ``fpext``, vcvtph2ps; or
+    bfloat16: shifted into the high half of a float32) times float32 ``x[x_off + 32i : +32]``,
+    in two <16 x float> accumulators (zmm registers; LLVM's own vectorizer stops at 256 bits
+    on this CPU), prefetching ``HEAD_PREFETCH`` bytes ahead. The sum is reassociated.
+    """
+
+    @intrinsic
+    def dot(typingctx, e, e_off, x, x_off, n):
+        sig = types.float32(e, types.intp, x, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            e_arr, e_off, x_arr, x_off, n = args
+            eptr = context.make_array(signature.args[0])(context, builder, e_arr).data
+            xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
+            f32, i16 = ir.FloatType(), ir.IntType(16)
+            vf, vi = ir.VectorType(f32, 16), ir.VectorType(i16, 16)
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf] * 3),
+                                                 "llvm.fma.v16f32")
+            red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                f32, [f32, vf]), "llvm.vector.reduce.fadd.v16f32")
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(2)]
+            ebytes = builder.bitcast(eptr, ir.IntType(8).as_pointer())
+
+            def const(v):
+                return ir.Constant(n.type, v)
+
+            with cgutils.for_range(builder, n) as loop:
+                base = builder.mul(loop.index, const(32))
+                _prefetch(builder, ebytes, builder.add(builder.mul(builder.add(e_off, base),
+                                                                   const(2)),
+                                                       const(HEAD_PREFETCH)))
+                for a, acc in enumerate(accs):
+                    i = builder.add(base, const(16 * a))
+                    h = builder.load(builder.bitcast(builder.gep(eptr, [builder.add(e_off, i)]),
+                                                     vi.as_pointer()), align=2)
+                    if bf16:
+                        w = builder.shl(builder.zext(h, ir.VectorType(ir.IntType(32), 16)),
+                                        ir.Constant(ir.VectorType(ir.IntType(32), 16), [16] * 16))
+                        v = builder.bitcast(w, vf)
+                    else:
+                        v = builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), vf)
+                    xv = builder.load(builder.bitcast(builder.gep(xptr, [builder.add(x_off, i)]),
+                                                      vf.as_pointer()), align=4)
+                    builder.store(builder.call(fma, [v, xv, builder.load(acc)]), acc)
+            total = builder.fadd(builder.load(accs[0]), builder.load(accs[1]))
+            return builder.call(red, [ir.Constant(f32, 0.0), total], fastmath=("reassoc",))
+
+        return sig, codegen
+
+    return dot
+
+
+_f16_dot = _make_half_dot(bf16=False)
+_bf16_dot = _make_half_dot(bf16=True)
 
 
 @intrinsic
@@ -584,28 +625,29 @@ def lm_head_lut(E, lut, X, out):
 
 @njit(parallel=True, cache=True, fastmath=True)
 def lm_head_f16(E, X, out):
-    """E uint16 [V, H] holding IEEE halves; rows two ahead are prefetched (+20% from DRAM)."""
+    """E uint16 [V, H] holding IEEE halves (C-contiguous, as X): zmm vcvtph2ps + FMA per row
+    (:func:`_make_half_dot`), f32 accumulation, rows split among threads."""
+    h = E.shape[1]
+    n = h // 32
     for v in prange(E.shape[0]):
-        _prefetch_row(E, v + 2)
         er = E[v]
         for t in range(X.shape[0]):
-            xt = X[t]
-            acc = np.float32(0.0)
-            for k in range(er.shape[0]):
-                acc += _f16_bits(er[k]) * xt[k]
+            acc = _f16_dot(er, 0, X, t * h, n)
+            for k in range(n * 32, h):
+                acc += _f16_bits(er[k]) * X[t, k]
             out[t, v] = acc
 
 
 @njit(parallel=True, cache=True, fastmath=True)
 def lm_head_bf16(E, X, out):
+    h = E.shape[1]
+    n = h // 32
     for v in prange(E.shape[0]):
-        _prefetch_row(E, v + 2)
         er = E[v]
         for t in range(X.shape[0]):
-            xt = X[t]
-            acc = np.float32(0.0)
-            for k in range(er.shape[0]):
-                acc += _bf16_bits(er[k]) * xt[k]
+            acc = _bf16_dot(er, 0, X, t * h, n)
+            for k in range(n * 32, h):
+                acc += _bf16_bits(er[k]) * X[t, k]
             out[t, v] = acc
 
 
