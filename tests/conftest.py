@@ -22,3 +22,18 @@ def tiny_gguf(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "tiny-i2_s.gguf"
     synth("tiny", out, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_containers(tiny_gguf, tmp_path_factory):
+    """format id -> the tiny model in that container (converted once per test session)."""
+    from bitformat.container import convert
+    from bitformat.formats import FORMAT_IDS
+
+    d = tmp_path_factory.mktemp("tiny-containers")
+    paths = {"i2_s": tiny_gguf}
+    for fid in FORMAT_IDS:
+        if fid != "i2_s":
+            paths[fid] = d / f"tiny.{fid}.gguf"
+            convert(tiny_gguf, paths[fid], fid)
+    return paths

@@ -15,14 +15,9 @@ from bitformat.gguf_io import GGUFReader
 
 
 @pytest.fixture(scope="module")
-def every_container(tiny_gguf, tmp_path_factory):
+def every_container(tiny_containers):
     """The tiny model converted once into every GGUF container."""
-    d = tmp_path_factory.mktemp("containers")
-    out = {}
-    for fid in FORMAT_IDS:
-        out[fid] = d / f"tiny.{fid}.gguf"
-        convert(tiny_gguf, out[fid], fid)
-    return out
+    return tiny_containers
 
 
 def snapshot(path):

@@ -55,7 +55,6 @@ transformers = pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 
 from bitformat.cli import main as cli  # noqa: E402
-from bitformat.container import convert  # noqa: E402
 from bitformat.formats import FORMAT_IDS  # noqa: E402
 from bitformat.runtime import load  # noqa: E402
 from bitformat.runtime import model as model_mod  # noqa: E402
@@ -231,14 +230,10 @@ def describe(verdicts: dict[int, Verdict]) -> str:
 
 # -- fixtures --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def paths(tiny_gguf, tmp_path_factory):
+def paths(tiny_gguf, tiny_containers, tmp_path_factory):
     """format id -> the tiny model in that container, and "hf" -> its CLI export."""
     d = tmp_path_factory.mktemp("oracle-runtime")
-    out = {"i2_s": tiny_gguf}
-    for fid in FORMAT_IDS:
-        if fid != "i2_s":
-            out[fid] = d / f"tiny.{fid}.gguf"
-            convert(tiny_gguf, out[fid], fid)
+    out = dict(tiny_containers)
     out["hf"] = d / "tiny-hf"
     res = CliRunner().invoke(cli, ["convert", str(tiny_gguf), "--to", "hf", "-o", str(out["hf"])])
     assert res.exit_code == 0, res.output

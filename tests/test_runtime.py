@@ -39,15 +39,9 @@ PROMPT = [5, 17, 300, 42, 7, 99, 480, 1, 250, 33, 64, 128]
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_gguf, tmp_path_factory):
+def tiny(tiny_containers):
     """format id -> path of the tiny model in that container."""
-    d = tmp_path_factory.mktemp("tiny-all")
-    paths = {"i2_s": tiny_gguf}
-    for fid in FORMAT_IDS:
-        if fid != "i2_s":
-            paths[fid] = d / f"tiny-{fid}.gguf"
-            convert(tiny_gguf, paths[fid], fid)
-    return paths
+    return tiny_containers
 
 
 @pytest.fixture(scope="module")

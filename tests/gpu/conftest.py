@@ -42,16 +42,7 @@ def gpu(devices):
 
 
 @pytest.fixture(scope="session")
-def tiny_all(tiny_gguf, tmp_path_factory):
+def tiny_all(tiny_containers):
     """format id -> the tiny synthetic model in that container."""
-    from bitformat.container import convert
-    from bitformat.formats import FORMAT_IDS
-
-    d = tmp_path_factory.mktemp("tiny-gpu")
-    paths = {"i2_s": tiny_gguf}
-    for fid in FORMAT_IDS:
-        if fid != "i2_s":
-            paths[fid] = d / f"tiny-{fid}.gguf"
-            convert(tiny_gguf, paths[fid], fid)
-    return paths
+    return tiny_containers
 
