@@ -19,3 +19,4 @@ else
 fi
 bitformat inspect "$out/tiny.via.rans.gguf"
 bitformat report "$out/tiny.gguf" --plot "$out/report.png"
+bitformat run "$out/tiny.via.rans.gguf" -p "def hello(name):" -n 24
