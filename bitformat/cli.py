@@ -54,6 +54,16 @@ class _Progress:
         self.bar.close()
 
 
+def _show(result, render, as_json: bool, plot: Path | None) -> None:
+    """Print a report-like result as JSON or text, mentioning the plot file if one was written."""
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=1))
+    else:
+        click.echo(render(result))
+        if plot is not None:
+            click.echo(f"plot written to {plot}")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="bitformat")
 def main() -> None:
@@ -152,12 +162,7 @@ def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> Non
         from .report_plot import plot_report
 
         plot_report(rep, plot)
-    if as_json:
-        click.echo(json.dumps(rep.to_json(), indent=1))
-    else:
-        click.echo(render(rep))
-        if plot is not None:
-            click.echo(f"plot written to {plot}")
+    _show(rep, render, as_json, plot)
 
 
 @main.command()
@@ -305,12 +310,7 @@ def bench(file: Path, backend: str, formats: str, tokens: int, as_json: bool,
         from .bench_plot import plot_bench
 
         plot_bench(result, plot)
-    if as_json:
-        click.echo(json.dumps(result.to_json(), indent=1))
-    else:
-        click.echo(render(result))
-        if plot is not None:
-            click.echo(f"plot written to {plot}")
+    _show(result, render, as_json, plot)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -185,15 +185,21 @@ def scan(trits, counts, colnz):
 
 
 @njit(**_JIT)
-def _enc_stream(i, src, lrows, colmap, mapped, k, p, n_live, cuts, group, cls, freqs, cdfs,
-                scratch, cap_off, counts):
+def _stream_span(i, p, k, n_live, cuts, group):
+    """Stream i covers live rows r0:r1 and columns c0:c1 of each, in n_sym symbols."""
     g = i // p
     j = i - g * p
     r0 = g * k
     r1 = min(n_live, r0 + k)
     c0 = cuts[j]
     c1 = cuts[j + 1]
-    n_sym = (c1 - c0 + group - 1) // group
+    return r0, r1, c0, c1, (c1 - c0 + group - 1) // group
+
+
+@njit(**_JIT)
+def _enc_stream(i, src, lrows, colmap, mapped, k, p, n_live, cuts, group, cls, freqs, cdfs,
+                scratch, cap_off, counts):
+    r0, r1, c0, c1, n_sym = _stream_span(i, p, k, n_live, cuts, group)
     state = _U(0)
     w = cap_off[i]
     cap = cap_off[i + 1]
@@ -246,13 +252,7 @@ def _dec_stream(i, words, word_off, out, lrows, colmap, mapped, k, p, n_live, cu
     state, pos = _init_state(words, lo, word_off[i + 1])
     if pos < 0:
         return 1
-    g = i // p
-    j = i - g * p
-    r0 = g * k
-    r1 = min(n_live, r0 + k)
-    c0 = cuts[j]
-    c1 = cuts[j + 1]
-    n_sym = (c1 - c0 + group - 1) // group
+    r0, r1, c0, c1, n_sym = _stream_span(i, p, k, n_live, cuts, group)
     for rr in range(r0, r1):
         row = lrows[rr]
         t = cls[rr]

@@ -26,8 +26,8 @@ from ..constants import GGML_BLOCK_LAYOUT, FileType, GGMLType
 from ..errors import InvalidScaleError, InvalidTritError, ShapeError
 from ..ternary import TernaryTensor
 from .base import TernaryFormat
+from .tq2_0 import QK, block_codes
 
-QK = 256
 BLOCK_BYTES = GGML_BLOCK_LAYOUT[GGMLType.TQ1_0][1]  # 54 = qs[48] + qh[4] + f16 d
 QS_BYTES = 48
 QH_BYTES = 4
@@ -91,8 +91,8 @@ class TQ10(TernaryFormat):
     description = "ggml TQ1_0: 1.69 bits per weight (base 3), 256-value blocks, f16 scale"
 
     def encode(self, t: TernaryTensor) -> np.ndarray:
-        nb = t.rows * t.cols // QK
-        codes = (t.trits.reshape(nb, QK) + np.int8(1)).view(np.uint8)
+        codes = block_codes(t)
+        nb = codes.shape[0]
         out = np.empty((nb, BLOCK_BYTES), dtype=np.uint8)
         out[:, :D_AT] = pack_blocks(codes)
         out[:, D_AT:] = t.scales.astype("<f2").reshape(nb, 1).view(np.uint8)

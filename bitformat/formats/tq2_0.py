@@ -57,6 +57,11 @@ def first_code3(packed: np.ndarray) -> int | None:
     return int(np.flatnonzero(hit.reshape(-1))[0])
 
 
+def block_codes(t: TernaryTensor) -> np.ndarray:
+    """uint8 codes (trit + 1) of ``t`` as ``(n_blocks, 256)``, one row per TQ block."""
+    return (t.trits.reshape(-1, QK) + np.int8(1)).view(np.uint8)
+
+
 class TQ20(TernaryFormat):
     format_id = "tq2_0"
     storage_type = GGMLType.TQ2_0
@@ -67,8 +72,8 @@ class TQ20(TernaryFormat):
     description = "ggml TQ2_0: 2 bits per weight, 256-value blocks with an f16 scale each"
 
     def encode(self, t: TernaryTensor) -> np.ndarray:
-        nb = t.rows * t.cols // QK
-        codes = (t.trits.reshape(nb, QK) + np.int8(1)).view(np.uint8)
+        codes = block_codes(t)
+        nb = codes.shape[0]
         out = np.empty((nb, BLOCK_BYTES), dtype=np.uint8)
         out[:, :QS_BYTES] = pack_qs(codes)
         d = t.scales.astype("<f2").reshape(nb, 1)
