@@ -19,8 +19,9 @@ class           bytes per token                              time (cpu / wgpu)
                                                              argmax kernels
 ``other``       the other tensors (norm gains, scales)       the rest of the step / embed and
                                                              norm_quant kernels
-``attention``   the K and V cache the step reads (f32, the   ``rope`` and ``attention`` /
-                mean over the timed steps)                   rope and attention kernels
+``attention``   the K and V cache the step reads (f32, the   ``attend`` (or ``rope`` and
+                mean over the timed steps)                   ``attention``) / rope and
+                                                             attention kernels
 ==============  ===========================================  ===============================
 
 Times: on ``cpu`` host timers around the backend's calls during the timed steps (``other`` is
@@ -152,19 +153,21 @@ class _Timers:
 
 @contextlib.contextmanager
 def _timed_cpu(backend: Any, timers: _Timers) -> Iterator[None]:
-    """Time the backend's ``bitlinear`` / ``lm_head`` (instance attributes shadow the methods)
-    and the model module's ``rope`` / ``attention`` (looked up as globals on every call)."""
+    """Time the backend's ``bitlinear`` / ``lm_head`` / ``attend`` (instance attributes shadow
+    the methods) and the model module's ``rope`` / ``attention`` (looked up as globals on every
+    call; used where the backend's ``attend`` declines)."""
     from .runtime import model as M
 
     backend.bitlinear = timers.wrap("ternary", type(backend).bitlinear.__get__(backend))
     backend.lm_head = timers.wrap("lm_head", type(backend).lm_head.__get__(backend))
+    backend.attend = timers.wrap("attention", type(backend).attend.__get__(backend))
     saved = {n: getattr(M, n) for n in ("rope", "attention") if hasattr(M, n)}
     for n, fn in saved.items():
         setattr(M, n, timers.wrap("attention", fn))
     try:
         yield
     finally:
-        del backend.bitlinear, backend.lm_head
+        del backend.bitlinear, backend.lm_head, backend.attend
         for n, fn in saved.items():
             setattr(M, n, fn)
 

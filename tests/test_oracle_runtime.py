@@ -30,8 +30,8 @@ this holds, and otherwise fails:
 
 Transformers' side is captured with forward hooks on its AutoBitLinear modules (q/k/v share
 one input, gate/up another: four quantizations per layer, as the runtime does) and quantized
-with its own formula in torch; ours by replacing ``quantize_activations`` in
-:mod:`bitformat.runtime.model`, where the network calls it. A tie exact on both sides (where
+with its own formula in torch; ours through :data:`bitformat.runtime.model.activation_hook`,
+which the network calls with every RMSNorm output it quantizes. A tie exact on both sides (where
 only the rounding rule decides) does not occur in these runs, so a separate test holds the
 rule itself against transformers' ``ActQuant``.
 The assertion messages say how many prompts and int8 values flipped, and a test keeps flips
@@ -161,7 +161,7 @@ class Quantizer:
 def run_ours(lm, tokens, inject=None) -> tuple[np.ndarray, Quantizer]:
     quantizer = Quantizer(inject)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(model_mod, "quantize_activations", quantizer)
+        mp.setattr(model_mod, "activation_hook", quantizer)
         logits = lm.logits(tokens)
     return logits, quantizer
 

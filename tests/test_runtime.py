@@ -13,7 +13,7 @@ Int8 rounding boundaries. Two float32 runs that differ in summation order (BLAS 
 batch vs one token at a time) can land on either side of a ``.5`` when an activation is
 quantized, and one int8 step there moves the logits far more than 1e-4. Rather than loosen the
 logits tolerance, :class:`SharedQuant` makes the second run consume the first run's quantized
-activations: it wraps the model's ``quantize_activations``, records ``(x, q, s)`` of every
+activations: it is the model's ``activation_hook``, records ``(x, q, s)`` of every
 call of the first run, and at each call of the second run compares its own quantization with
 the recorded one. Before quantization the runs must agree: ``|x*s - x'*s'|`` stays below
 ``noise`` int8 steps for every value (0 is measured between the backends; float32 attention
@@ -127,7 +127,7 @@ class SharedQuant:
     def __init__(self, monkeypatch, noise: float):
         self.recorded: list[tuple[np.ndarray, QuantizedActivations]] = []
         self.noise, self.replaying, self.n, self.flips, self.per_forward = noise, False, 0, 0, 0
-        monkeypatch.setattr(model_mod, "quantize_activations", self)
+        monkeypatch.setattr(model_mod, "activation_hook", self)
 
     def replay(self, per_forward: int = 0):
         """From now on substitute; ``per_forward`` > 0: the second run decodes one token per
@@ -281,7 +281,7 @@ def test_kernel_tails_and_padding(fid, shape, kernel):
         kind = K.KIND_LOW if fid == "stfma" else K.KIND_COLPACK
     corr = (np.zeros(2, np.int32) if kind == K.KIND_COLPACK else q.sum(1, dtype=np.int32))
     (K.mm2_vnni if vnni else K.mm2_portable)(W, K.slot_activations(q, layout, W.shape[1] * 4),
-                                             corr, s, np.float32(1.25), kind, out)
+                                             corr, s, np.full(rows, 1.25, np.float32), kind, out)
     exact = (trits.astype(np.int64) @ q.T.astype(np.int64)).T
     np.testing.assert_array_equal(out, exact.astype(np.float32) / s[:, None] * np.float32(1.25))
 
@@ -461,12 +461,13 @@ def test_thread_picker_follows_the_faster_setting():
         assert [p.pick(), p.pick()] == [n, n]
         p.record(n, 0.1e9)
         p.record(n, rate)
-    picks = [p.pick() for _ in range(64)]
-    assert picks.count(1) == 2 and picks.count(2) == 62  # explores every 32nd call
+    e = p.EXPLORE
+    picks = [p.pick() for _ in range(2 * e)]
+    assert picks.count(1) == 2 and picks.count(2) == 2 * e - 2  # explores every EXPLORE-th call
     for _ in range(10):
         p.record(2, 1e9)  # the other cores got busy
-    picks = [p.pick() for _ in range(256)]
-    assert picks.count(2) == 2  # far slower: explored every 128th call only
+    picks = [p.pick() for _ in range(8 * e)]
+    assert picks.count(2) == 2  # far slower: explored every 4 * EXPLORE-th call only
 
 
 # -- rans: streams decoded inside the mat-vec ------------------------------------------------------

@@ -48,6 +48,23 @@ def quantize_activations(x: np.ndarray) -> QuantizedActivations:
     return QuantizedActivations(q, s)
 
 
+def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
+    """``x / sqrt(mean(x^2) + eps) * gain`` over the last axis, in ``x``'s dtype.
+
+    The squares are summed in float64 and the mean rounded back to ``x``'s dtype: the
+    correctly rounded mean almost always, whatever the summation order, so the compiled
+    version (:func:`.cpu_ops.norm_quant`) gives the same bits.
+    """
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float64).astype(x.dtype)
+    return x / np.sqrt(ms + x.dtype.type(eps)) * gain
+
+
+def relu2_glu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """BitNet's FFN gating: ``relu(gate)^2 * up``."""
+    g = np.maximum(gate, 0)
+    return g * g * up
+
+
 @dataclass
 class TernarySource:
     """One ternary matrix as its container bytes, with what it takes to decode rows of it."""
@@ -160,6 +177,28 @@ class Backend:
 
     def weight(self, name: str) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def stack(self, weights: list[Any]) -> Any | None:
+        """One weight whose rows are ``weights``' rows in turn (one ``bitlinear`` call for q, k
+        and v), or None where this backend cannot (the model then calls them one by one)."""
+        return None
+
+    # The model's small steps, in numpy; a backend may replace them with faster equivalents.
+    def norm_quant(self, x: np.ndarray, gain: np.ndarray, eps: float) -> QuantizedActivations:
+        """RMSNorm, then per-token int8 activations."""
+        return quantize_activations(rms_norm(x, gain, eps))
+
+    def glu_norm_quant(self, gate: np.ndarray, up: np.ndarray, gain: np.ndarray,
+                       eps: float) -> QuantizedActivations:
+        """``relu(gate)^2 * up``, RMSNorm, int8 (the input of the FFN's down projection)."""
+        return quantize_activations(rms_norm(relu2_glu(gate, up), gain, eps))
+
+    def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray,
+               vc: np.ndarray, start: int, cos: np.ndarray, sin: np.ndarray
+               ) -> np.ndarray | None:
+        """RoPE, KV-cache update and attention done by the backend, or None to let the model
+        do them in numpy (see :meth:`.model.BitNet.forward`)."""
+        return None
 
     def bitlinear(self, qa: QuantizedActivations, w: Any) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError

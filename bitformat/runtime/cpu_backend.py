@@ -3,13 +3,16 @@
 Float32 throughout. BitLinear runs one kernel per container (:mod:`.cpu_kernels`,
 :mod:`.cpu_rans`) with int8 activations and int32 sums, reading the container's bytes on
 every call; the kernel build (``vnni`` or ``portable``) is chosen once per process
-(:func:`~.cpu_kernels.kernel_mode`). ``rans`` streams are decoded inside the mat-vec, so no
-copy of any container's matrix is made. Two sources have no row-readable bytes: an hf folder
-(not a bitformat container: safetensors of packed uint8 rows) and an i2_s matrix whose rows do
-not start on a 128-value block. Those are decoded once at load and repacked as stfma rows
-(2 bits a weight) for the 2-bit kernel. With ``validate`` (the default) every matrix is read
-once by its format's reader at load, so a code 3, a corrupt rans stream or a NaN scale fails
-there.
+(:func:`~.cpu_kernels.kernel_mode`). Nothing is decoded ahead: the 2-bit, TQ and stfma bytes
+are copied as they are into one arena in the order a token reads them (:class:`WeightArena`:
+huge pages, one stream), so q, k and v (and gate and up) can run as one stacked matrix, and
+``rans`` streams are read from the file mapping and decoded inside the mat-vec. Two sources
+have no row-readable bytes: an hf folder (not a bitformat container: safetensors of packed
+uint8 rows) and an i2_s matrix whose rows do not start on a 128-value block. Those are
+decoded once at load and repacked as stfma rows (2 bits a weight) for the 2-bit kernel. With
+``validate`` (the default) every matrix is read once by its format's reader at load, so a
+code 3, a corrupt rans stream or a NaN scale fails there. RMSNorm, quantization, the FFN gate
+and one-token attention run as compiled steps too (:mod:`.cpu_ops`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from ..container import Model
 from ..errors import InvalidScaleError, MetadataError
 from ..formats import get_format
 from . import cpu_kernels as K
+from . import cpu_ops as ops
 from . import cpu_rans as KR
-from .backend import Backend, QuantizedActivations, TernarySource, ternary_source
+from .backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
 
 #: Matrices smaller than this run on the calling thread alone (see :meth:`CpuBackend._call`).
 SERIAL_BYTES = 512 << 10
@@ -47,17 +51,19 @@ class CpuWeight:
     kind: int = 0
 
 
-def resident_copy(raw: np.ndarray, chunk: int = 32 << 20) -> np.ndarray:
-    """``raw`` copied into anonymous memory, where numpy asks for transparent huge pages.
+def resident_copy(raw: np.ndarray, chunk: int = 32 << 20,
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """``raw`` copied into anonymous memory (``out``, or a new array), read-only.
 
-    For the LM head, the biggest tensor read per token: on 4 KiB pages of a file mapping its
-    kernel streamed 23 GB/s, from huge pages 28-29 (2B-4T, 2 threads). Where ``raw`` views a
-    read-only file mapping (a GGUF), each copied chunk is dropped from this process's mapping
-    again (``MADV_DONTNEED`` only unmaps those pages; a later read faults them back in from
-    the page cache), so the resident size does not count the tensor twice. The copy is
-    read-only, like the mapping.
+    numpy asks for transparent huge pages for arrays of 4 MiB and more. For the tensors read
+    on every token that matters: on 4 KiB pages of a file mapping the LM head streamed 23 GB/s,
+    from huge pages 28-29 (2B-4T, 2 threads), and the ternary matrices went from 16 to 21-24
+    GB/s (:class:`CpuBackend` copies them into one arena). Where ``raw`` views a read-only file
+    mapping (a GGUF), each copied chunk is dropped from this process's mapping again
+    (``MADV_DONTNEED`` only unmaps those pages; a later read faults them back in from the page
+    cache), so the resident size does not count the tensor twice.
     """
-    out = np.empty_like(raw)
+    out = np.empty_like(raw) if out is None else out
     mm = raw.base
     while isinstance(mm, (np.ndarray, memoryview)):
         mm = mm.base if isinstance(mm, np.ndarray) else mm.obj
@@ -75,16 +81,49 @@ def resident_copy(raw: np.ndarray, chunk: int = 32 << 20) -> np.ndarray:
     return out
 
 
+class WeightArena:
+    """One anonymous buffer holding every ternary matrix's container bytes, in order of use.
+
+    The model asks for its matrices layer by layer, q to down, which is the order a token reads
+    them, so a decode step streams one contiguous region: hardware prefetchers run across
+    matrix boundaries, and one allocation of hundreds of MB gets huge pages where the OS gives
+    them (many small ones would not). Each slot starts on a 64-byte line. The bytes are the
+    container's own (a copy, not a decoding). Matrices that do not fit (none, when ``size``
+    counts every ternary tensor) get a copy of their own.
+    """
+
+    ALIGN = 64
+
+    def __init__(self, size: int):
+        self.buf = None
+        if size:
+            buf = np.empty(size + self.ALIGN, np.uint8)
+            skip = -buf.ctypes.data % self.ALIGN
+            self.buf = buf[skip: skip + size]
+        self.used = 0
+
+    def copy(self, raw: np.ndarray) -> np.ndarray:
+        n = raw.nbytes
+        if self.buf is None or self.used + n > self.buf.size:
+            return resident_copy(raw)
+        out = self.buf[self.used: self.used + n].reshape(raw.shape)
+        self.used += -(-n // self.ALIGN) * self.ALIGN
+        return resident_copy(raw, out=out)
+
+
 class ThreadPicker:
     """Chooses between one thread and ``n`` by the bytes per second each recently achieved.
 
     Both are tried first (twice: a first call pays page faults of a fresh memory map);
     afterwards the faster runs, and every ``EXPLORE``-th call (every fourth of those while it
     is more than twice as fast) tries the other again. Since the setting in use is timed on
-    every call, a slowdown is seen at once; a recovery of the other within a few explorations.
+    every call, a slowdown is seen at once; a recovery of the other within about a token's
+    calls (2B-4T makes 150 ternary calls a token). Exploring costs: on 2B-4T every 32nd call
+    cost 1-2 ms a token (a 1-thread call of gate and up takes twice as long), every 128th
+    about a quarter of that.
     """
 
-    EXPLORE = 32
+    EXPLORE = 128
 
     def __init__(self, n: int):
         self.options = (n, 1)
@@ -121,7 +160,7 @@ class CpuBackend(Backend):
         self._set_threads = numba.set_num_threads
         limit = numba.config.NUMBA_NUM_THREADS
         self.threads = max(1, min(int(threads), limit)) if threads else limit
-        self._pickers: dict[object, ThreadPicker] | None = (
+        self._pickers: dict[tuple, ThreadPicker] | None = (
             {} if threads is None and self.threads > 1 else None)
         self._threads_now = 0  # numba's setting is per Python thread: set on first use
         self.kernel = kernel or K.kernel_mode()
@@ -131,6 +170,8 @@ class CpuBackend(Backend):
         self._tq1 = K.tq1_vnni if vnni else K.tq1_portable
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
+        self._arena = WeightArena(sum(-(-e.nbytes // WeightArena.ALIGN) * WeightArena.ALIGN
+                                      for e in model.entries if e.encoding in ROW_FORMATS))
         et = self.embed_type
         if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
             self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
@@ -152,11 +193,13 @@ class CpuBackend(Backend):
             return self._repacked_weight(name, src)
         if self.validate:  # the kernels trust the bytes: check every code and scale once
             src.decode_rows(0, src.rows)
+        data = self._arena.copy(src.rows_view())
         if src.encoding in TWO_BIT:
             layout, kind = TWO_BIT[src.encoding]
-            return CpuWeight(src.encoding, src.rows, src.cols, src.rows_view(),
-                             np.float32(src.scale), layout or self.i2s_variant, kind)
-        return CpuWeight(src.encoding, src.rows, src.cols, src.rows_view(), np.float32(0))
+            return CpuWeight(src.encoding, src.rows, src.cols, data,
+                             np.full(src.rows, src.scale, np.float32), layout or self.i2s_variant,
+                             kind)
+        return CpuWeight(src.encoding, src.rows, src.cols, data, np.float32(0))
 
     def _rans_weight(self, name: str) -> KR.RansWeight:
         """The tensor's words as they are, with the index arrays to decode them in the kernel."""
@@ -181,10 +224,54 @@ class CpuBackend(Backend):
         t = self.model.ternary(name) if src is None else src.decode_rows(0, src.rows)
         if t.scale_block == 0:
             rows = get_format("stfma").encode(t).view(np.uint8).reshape(t.rows, -1)
-            return CpuWeight("stfma", t.rows, t.cols, rows, np.float32(t.scales[0]), "plain",
-                             K.KIND_LOW)
+            return CpuWeight("stfma", t.rows, t.cols, rows,
+                             np.full(t.rows, t.scales[0], np.float32), "plain", K.KIND_LOW)
         scales = np.ascontiguousarray(t.scales, dtype=np.float32)
         return CpuWeight("trits", t.rows, t.cols, t.trits, scales)
+
+    def stack(self, weights: list[CpuWeight | KR.RansWeight]) -> CpuWeight | None:
+        """Matrices of one encoding and row layout that lie one after another in the arena
+        (the model asks for q, k, v and gate, up in turn) as one weight over all their rows;
+        per-tensor scales become per-row scales. None for anything else (rans, repacked)."""
+        first = weights[0]
+        if not all(isinstance(w, CpuWeight) and w.encoding in (*TWO_BIT, "tq2_0", "tq1_0")
+                   and (w.encoding, w.cols, w.layout, w.kind, w.data.shape[1])
+                   == (first.encoding, first.cols, first.layout, first.kind,
+                       first.data.shape[1]) for w in weights):
+            return None
+        buf = self._arena.buf
+        if buf is None or not all(np.shares_memory(w.data, buf) for w in weights):
+            return None
+        start = first.data.ctypes.data - buf.ctypes.data
+        for a, b in zip(weights, weights[1:], strict=False):
+            if b.data.ctypes.data != a.data.ctypes.data + a.data.nbytes:
+                return None
+        rows = sum(w.rows for w in weights)
+        data = buf[start: start + rows * first.data.shape[1]].reshape(rows, -1)
+        scale = (np.concatenate([w.scale for w in weights]) if first.encoding in TWO_BIT
+                 else first.scale)
+        return CpuWeight(first.encoding, rows, first.cols, data, scale, first.layout,
+                         first.kind)
+
+    # -- the model's small steps, compiled (cpu_ops) ----------------------------------------------
+    def norm_quant(self, x: np.ndarray, gain: np.ndarray, eps: float) -> QuantizedActivations:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        q, s = np.empty(x.shape, np.int8), np.empty(x.shape[0], np.float32)
+        ops.norm_quant(x, gain, eps, q, s)
+        return QuantizedActivations(q, s)
+
+    def glu_norm_quant(self, gate: np.ndarray, up: np.ndarray, gain: np.ndarray,
+                       eps: float) -> QuantizedActivations:
+        q, s = np.empty(gate.shape, np.int8), np.empty(gate.shape[0], np.float32)
+        ops.glu_norm_quant(gate, up, gain, eps, q, s)
+        return QuantizedActivations(q, s)
+
+    def attend(self, q, k, v, kc, vc, start, cos, sin):
+        if q.shape[0] != 1:
+            return None  # a prompt: numpy's batched matrix products are faster
+        out = np.empty((1, q.shape[1] * q.shape[2]), np.float32)
+        ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
+        return out
 
     def _call(self, kernel, nbytes: int, *args) -> None:
         """Run a kernel on all ``self.threads`` cores or on this thread alone.
@@ -192,8 +279,10 @@ class CpuBackend(Backend):
         Waking the other OpenMP threads costs microseconds on an idle machine but milliseconds
         when another process holds their cores (measured on a busy 2-core VM: 5 us vs 5 ms for
         a 32 KB mat-vec, 1.3 vs 5 tokens/s for 2B-4T). So small matrices always run on one
-        thread, and unless ``threads`` was given, a :class:`ThreadPicker` per kernel times the
-        calls and keeps whichever setting streams more bytes per second.
+        thread, and unless ``threads`` was given, a :class:`ThreadPicker` per kernel, matrix
+        size and kind of call (one token, or a prompt: the last argument is always the output
+        ``[T, rows]``) times the calls and keeps whichever setting streams more bytes per
+        second.
         """
         picker = None
         if nbytes < SERIAL_BYTES:
@@ -201,7 +290,10 @@ class CpuBackend(Backend):
         elif self._pickers is None:
             n = self.threads
         else:
-            picker = self._pickers.setdefault(kernel, ThreadPicker(self.threads))
+            key = (kernel, nbytes, args[-1].shape[0] > 1)
+            picker = self._pickers.get(key)
+            if picker is None:
+                picker = self._pickers[key] = ThreadPicker(self.threads)
             n = picker.pick()
         if n != self._threads_now:
             self._set_threads(n)

@@ -481,13 +481,17 @@ def _dot2_vnni(wr, XG, t, kind):
 # -- per-tensor-scale 2-bit formats: i2_s, stfma, colpack_u32 ------------------------------------
 @njit(parallel=True, cache=True)
 def mm2_portable(W, XG, corr, s, ws, kind, out):
-    """out[t, r] = float32(sum_m code*XG - corr[t]) / s[t] * ws for row bytes ``W[r]``."""
+    """out[t, r] = float32(sum_m code*XG - corr[t]) / s[t] * ws[r] for row bytes ``W[r]``.
+
+    ``ws`` holds each row's tensor scale (float32 [rows]), so matrices stacked by rows (q, k
+    and v of a layer, read in one call) keep their own scales.
+    """
     rows, bpr = W.shape
     for r in prange(rows):
         wr = W[r]
         for t in range(out.shape[0]):
             d = _dot2_portable(wr, 0, XG[t], 0, bpr, kind)
-            out[t, r] = np.float32(d - corr[t]) / s[t] * ws
+            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
 
 
 @njit(parallel=True, cache=True)
@@ -497,7 +501,7 @@ def mm2_vnni(W, XG, corr, s, ws, kind, out):
         wr = W[r]
         for t in range(out.shape[0]):
             d = _dot2_vnni(wr, XG, t, kind)
-            out[t, r] = np.float32(d - corr[t]) / s[t] * ws
+            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
 
 
 # -- tq2_0: 66-byte blocks, qs[64] then f16 d ------------------------------------------------------

@@ -12,23 +12,33 @@ One decoder layer, pre-norm residual (FORMATS.md 4.3)::
 and ``logits = RMSNorm(h) @ E^T`` with the token embedding E (tied, not quantized).
 ``BitLinear(x) = (Q8(x) @ T^T) / s * scale``: per-token absmax int8 activations ``Q8(x) = q``
 with ``x ~ q / s`` and trits T with their scale(s). The backend does the BitLinear products and
-the LM head from the container bytes; everything else here is numpy in the backend's dtype.
+the LM head from the container bytes; everything else here is numpy in the backend's dtype,
+which a backend may replace step by step with equivalents of its own (:class:`.backend.Backend`:
+``norm_quant``, ``glu_norm_quant``, ``attend``, ``stack``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import MetadataError, RequestError, UnsupportedConversionError
-from .backend import Backend, quantize_activations
+from .backend import Backend, QuantizedActivations, relu2_glu, rms_norm
+
+#: When set, every activation quantization of every model goes through it, in numpy:
+#: ``activation_hook(x) -> QuantizedActivations`` with ``x`` the RMSNorm output [T, n], four
+#: calls per layer in order (attention input, attention sub-norm, FFN input, FFN sub-norm).
+#: The backends' fused steps are bypassed. Tests use it to record and inject activations.
+activation_hook: Callable[[np.ndarray], QuantizedActivations] | None = None
 
 #: GGUF architectures with this graph (bitnet.cpp's two names and upstream llama.cpp's).
 ARCHITECTURES = ("bitnet-b1.58", "bitnet-25", "bitnet")
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+#: projections that read the same activations (a backend may run each group as one matrix)
+INPUT_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
 
 
 @dataclass(frozen=True)
@@ -114,11 +124,6 @@ class KVCache:
         return 2 * self.length * self.k[0, 0].nbytes * self.k.shape[0]
 
 
-def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
-    """``x / sqrt(mean(x^2) + eps) * gain`` over the last axis."""
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + x.dtype.type(eps)) * gain
-
-
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE: x [T, heads, d], cos/sin [T, d/2]; element i pairs with i + d/2."""
     half = x.shape[-1] // 2
@@ -153,6 +158,7 @@ class Block:
     ffn_sub_norm: np.ndarray
     proj: dict[str, Any]  # "attn_q" ... "ffn_down" -> backend weight
     out_scale: dict[str, float]  # optional per-projection .scale tensors (upstream "bitnet")
+    stacked: dict[tuple[str, ...], Any]  # (q, k, v) and (gate, up) as one weight, if possible
 
 
 class BitNet:
@@ -164,12 +170,15 @@ class BitNet:
         self.blocks = []
         for i in range(args.n_layers):
             p = f"blk.{i}."
+            proj = {n: backend.weight(f"{p}{n}.weight") for n in PROJECTIONS}
+            stacked = {group: backend.stack([proj[n] for n in group]) for group in INPUT_GROUPS}
             self.blocks.append(Block(
                 *(backend.vector(f"{p}{n}.weight") for n in
                   ("attn_norm", "attn_sub_norm", "ffn_norm", "ffn_sub_norm")),
-                {n: backend.weight(f"{p}{n}.weight") for n in PROJECTIONS},
+                proj,
                 {n: float(backend.vector(f"{p}{n}.scale").reshape(-1)[0])
-                 for n in PROJECTIONS if f"{p}{n}.scale" in names}))
+                 for n in PROJECTIONS if f"{p}{n}.scale" in names},
+                {g: w for g, w in stacked.items() if w is not None}))
         self.norm = backend.vector("output_norm.weight")
         d = args.head_dim
         self.inv_freq = 1.0 / args.rope_theta ** (np.arange(0, d, 2) / d)  # [d/2], float64
@@ -180,6 +189,22 @@ class BitNet:
     def _linear(self, blk: Block, name: str, qa) -> np.ndarray:
         y = self.be.bitlinear(qa, blk.proj[name])  # [T, out]
         return y * y.dtype.type(blk.out_scale[name]) if name in blk.out_scale else y
+
+    def _linears(self, blk: Block, names: tuple[str, ...], qa) -> list[np.ndarray]:
+        """The projections ``names`` of one input, in one call where the backend stacked them."""
+        w = blk.stacked.get(names)
+        if w is None:
+            return [self._linear(blk, n, qa) for n in names]
+        y = self.be.bitlinear(qa, w)  # [T, sum of rows]
+        ends = np.cumsum([blk.proj[n].rows for n in names])
+        return [y[:, e - blk.proj[n].rows: e] * y.dtype.type(blk.out_scale[n])
+                if n in blk.out_scale else y[:, e - blk.proj[n].rows: e]
+                for n, e in zip(names, ends, strict=True)]
+
+    def _norm_quant(self, x: np.ndarray, gain: np.ndarray) -> QuantizedActivations:
+        if activation_hook is not None:
+            return activation_hook(rms_norm(x, gain, self.args.norm_eps))
+        return self.be.norm_quant(x, gain, self.args.norm_eps)
 
     def forward(self, tokens: Sequence[int], cache: KVCache, *,
                 all_logits: bool = False) -> np.ndarray:
@@ -201,20 +226,24 @@ class BitNet:
         cos, sin = np.cos(angles), np.sin(angles)  # [T, hd/2], angles in dt as HF's float32
         h = self.be.embed(ids)  # [T, dim]
         for i, blk in enumerate(self.blocks):
-            x = quantize_activations(rms_norm(h, blk.attn_norm, eps))
-            q = self._linear(blk, "attn_q", x).reshape(T, a.n_heads, hd)
-            k = self._linear(blk, "attn_k", x).reshape(T, a.n_kv_heads, hd)
-            v = self._linear(blk, "attn_v", x).reshape(T, a.n_kv_heads, hd)
-            cache.k[i, start: start + T] = rope(k, cos, sin)
-            cache.v[i, start: start + T] = v
-            o = attention(rope(q, cos, sin), cache.k[i, : start + T], cache.v[i, : start + T],
-                          start)  # [T, dim]
-            o = quantize_activations(rms_norm(o, blk.attn_sub_norm, eps))
+            x = self._norm_quant(h, blk.attn_norm)
+            q, k, v = self._linears(blk, ("attn_q", "attn_k", "attn_v"), x)
+            q = q.reshape(T, a.n_heads, hd)
+            k, v = k.reshape(T, a.n_kv_heads, hd), v.reshape(T, a.n_kv_heads, hd)
+            kc, vc = cache.k[i], cache.v[i]
+            o = self.be.attend(q, k, v, kc, vc, start, cos, sin)  # None: not done there
+            if o is None:
+                kc[start: start + T] = rope(k, cos, sin)
+                vc[start: start + T] = v
+                o = attention(rope(q, cos, sin), kc[: start + T], vc[: start + T], start)
+            o = self._norm_quant(o, blk.attn_sub_norm)  # [T, dim]
             h = h + self._linear(blk, "attn_output", o)
-            f = quantize_activations(rms_norm(h, blk.ffn_norm, eps))
-            g = np.maximum(self._linear(blk, "ffn_gate", f), 0)  # [T, hidden_dim]
-            g = g * g * self._linear(blk, "ffn_up", f)  # relu(gate)^2 * up
-            g = quantize_activations(rms_norm(g, blk.ffn_sub_norm, eps))
+            f = self._norm_quant(h, blk.ffn_norm)
+            gate, up = self._linears(blk, ("ffn_gate", "ffn_up"), f)  # [T, hidden_dim] each
+            if activation_hook is None:
+                g = self.be.glu_norm_quant(gate, up, blk.ffn_sub_norm, eps)
+            else:
+                g = activation_hook(rms_norm(relu2_glu(gate, up), blk.ffn_sub_norm, eps))
             h = h + self._linear(blk, "ffn_down", g)
         cache.length = start + T
         h = rms_norm(h if all_logits else h[-1:], self.norm, eps)

@@ -51,11 +51,11 @@ def nets(tiny_all, gpu):
 
 
 class GpuQuant:
-    """Stands in for the model's ``quantize_activations``: checks, then returns the GPU's."""
+    """The model's ``activation_hook``: checks, then returns the GPU's."""
 
     def __init__(self, monkeypatch, log):
         self.log, self.n, self.flips = log, 0, 0
-        monkeypatch.setattr(model_mod, "quantize_activations", self)
+        monkeypatch.setattr(model_mod, "activation_hook", self)
 
     def __call__(self, x: np.ndarray) -> QuantizedActivations:
         mine = quantize_activations(x)

@@ -1,0 +1,124 @@
+"""The cpu backend's compiled small steps and its weight layout, against the numpy reference.
+
+* RMSNorm + int8 quantization (and the ReLU² gate before the FFN sub-norm) must give the same
+  bits as :func:`bitformat.runtime.backend.rms_norm` and ``quantize_activations``: both sum the
+  float32 squares in float64 and do the rest in float32 in the same order.
+* One-token attention (RoPE, KV-cache write, softmax over the cache) against
+  :func:`bitformat.runtime.model.rope` and ``attention`` in float64: only summation order
+  differs, so the float32 result must be within a few float32 ulps of the exact one.
+* Matrices stacked by rows (q, k, v; gate, up) give, bit for bit, the separate products, and
+  every matrix the kernels read is a copy of the container's bytes in one arena.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bitformat.container import open_model
+from bitformat.formats import FORMAT_IDS
+from bitformat.runtime import cpu_ops as ops
+from bitformat.runtime.backend import quantize_activations, relu2_glu, rms_norm
+from bitformat.runtime.model import INPUT_GROUPS, attention, rope
+
+SHAPES = [(1, 2560), (3, 256), (2, 100), (1, 6912)]
+
+
+def rows(rng, t, n):
+    """Activations with a spread of magnitudes, a zero row and a row with one spike."""
+    x = (rng.standard_normal((t, n)) * rng.uniform(0.01, 50, (t, 1))).astype(np.float32)
+    if t > 1:
+        x[1] = 0.0
+    if t > 2:
+        x[2, 7] = 1e4
+    return x
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_norm_quant_same_bits_as_numpy(shape):
+    rng = np.random.default_rng(shape[1])
+    x = rows(rng, *shape)
+    gain = rng.uniform(0.2, 3, shape[1]).astype(np.float32)
+    want = quantize_activations(rms_norm(x, gain, 1e-5))
+    q, s = np.empty(shape, np.int8), np.empty(shape[0], np.float32)
+    ops.norm_quant(x, gain, 1e-5, q, s)
+    np.testing.assert_array_equal(s, want.s)
+    np.testing.assert_array_equal(q, want.q)
+    assert np.abs(q.astype(int)).max() == 127  # the scale maps each row's maximum to 127
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_glu_norm_quant_same_bits_as_numpy(shape):
+    rng = np.random.default_rng(shape[1] + 1)
+    gate, up = rows(rng, *shape), rows(rng, *shape)
+    gain = rng.uniform(0.2, 3, shape[1]).astype(np.float32)
+    want = quantize_activations(rms_norm(relu2_glu(gate, up), gain, 1e-5))
+    q, s = np.empty(shape, np.int8), np.empty(shape[0], np.float32)
+    ops.glu_norm_quant(gate, up, gain, 1e-5, q, s)
+    np.testing.assert_array_equal(s, want.s)
+    np.testing.assert_array_equal(q, want.q)
+
+
+@pytest.mark.parametrize("heads,kv,d,pos", [(8, 2, 16, 0), (8, 2, 16, 37), (4, 4, 32, 5),
+                                           (20, 5, 128, 90)])
+def test_attend_one_matches_numpy(heads, kv, d, pos):
+    rng = np.random.default_rng(pos + d)
+    q = rng.standard_normal((1, heads, d)).astype(np.float32) * 3
+    k = rng.standard_normal((1, kv, d)).astype(np.float32) * 3
+    v = rng.standard_normal((1, kv, d)).astype(np.float32)
+    kc = rng.standard_normal((pos + 4, kv, d)).astype(np.float32)
+    vc = rng.standard_normal((pos + 4, kv, d)).astype(np.float32)
+    inv = 1.0 / 500000.0 ** (np.arange(0, d, 2) / d)
+    ang = (pos * inv)[None, :].astype(np.float32)
+    cos, sin = np.cos(ang), np.sin(ang)
+    kc64, vc64 = kc.astype(np.float64), vc.astype(np.float64)  # the reference's cache
+    later = kc[pos + 1:].copy(), vc[pos + 1:].copy()
+    kc64[pos], vc64[pos] = rope(k.astype(np.float64), cos, sin)[0], v[0]
+    want = attention(rope(q.astype(np.float64), cos, sin), kc64[: pos + 1], vc64[: pos + 1], pos)
+    out = np.full((1, heads * d), np.nan, np.float32)
+    ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, pos, out[0])
+    np.testing.assert_allclose(kc[pos], kc64[pos], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(vc[pos], v[0])
+    np.testing.assert_array_equal(kc[pos + 1:], later[0])  # positions after pos untouched
+    np.testing.assert_array_equal(vc[pos + 1:], later[1])
+    assert np.abs(out - want).max() < 1e-5 * np.abs(want).max()
+
+
+@pytest.fixture(scope="module")
+def cpu_backends(tiny_containers):
+    from bitformat.runtime import load
+
+    models = {fid: load(p, backend="cpu") for fid, p in tiny_containers.items()}
+    yield models
+    for m in models.values():
+        m.close()
+
+
+@pytest.mark.parametrize("fid", FORMAT_IDS)
+def test_stacked_projections_equal_separate(cpu_backends, fid):
+    lm = cpu_backends[fid]
+    be, blk = lm.backend, lm.net.blocks[1]
+    if fid == "rans":  # decoded in the kernel, one stream table per matrix: never stacked
+        assert blk.stacked == {}
+        return
+    assert set(blk.stacked) == set(INPUT_GROUPS)
+    rng = np.random.default_rng(3)
+    for group, w in blk.stacked.items():
+        qa = quantize_activations(rng.standard_normal((2, w.cols)).astype(np.float32))
+        separate = np.concatenate([be.bitlinear(qa, blk.proj[n]) for n in group], axis=1)
+        np.testing.assert_array_equal(be.bitlinear(qa, w), separate)
+        assert w.rows == sum(blk.proj[n].rows for n in group)
+        assert all(np.shares_memory(w.data, blk.proj[n].data) for n in group)
+
+
+@pytest.mark.parametrize("fid", ["i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32"])
+def test_weights_are_arena_copies_of_container_bytes(cpu_backends, tiny_containers, fid):
+    be = cpu_backends[fid].backend
+    arena = be._arena.buf
+    with open_model(tiny_containers[fid]) as c:
+        for i in (0, 1):
+            for name, w in cpu_backends[fid].net.blocks[i].proj.items():
+                raw = c.plain(f"blk.{i}.{name}.weight")[1]
+                assert np.shares_memory(w.data, arena) and not w.data.flags.writeable
+                assert w.data.ctypes.data % 64 == 0  # every matrix starts on a cache line
+                np.testing.assert_array_equal(w.data.reshape(-1), raw[: w.data.size])
