@@ -37,3 +37,14 @@ def tiny_containers(tiny_gguf, tmp_path_factory):
             paths[fid] = d / f"tiny.{fid}.gguf"
             convert(tiny_gguf, paths[fid], fid)
     return paths
+
+
+@pytest.fixture(scope="session")
+def cpu_models(tiny_containers):
+    """format id -> the tiny model loaded on the cpu backend from that container."""
+    from bitformat.runtime import load
+
+    models = {fid: load(p, backend="cpu") for fid, p in tiny_containers.items()}
+    yield models
+    for m in models.values():
+        m.close()

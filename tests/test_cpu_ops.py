@@ -84,19 +84,9 @@ def test_attend_one_matches_numpy(heads, kv, d, pos):
     assert np.abs(out - want).max() < 1e-5 * np.abs(want).max()
 
 
-@pytest.fixture(scope="module")
-def cpu_backends(tiny_containers):
-    from bitformat.runtime import load
-
-    models = {fid: load(p, backend="cpu") for fid, p in tiny_containers.items()}
-    yield models
-    for m in models.values():
-        m.close()
-
-
 @pytest.mark.parametrize("fid", FORMAT_IDS)
-def test_stacked_projections_equal_separate(cpu_backends, fid):
-    lm = cpu_backends[fid]
+def test_stacked_projections_equal_separate(cpu_models, fid):
+    lm = cpu_models[fid]
     be, blk = lm.backend, lm.net.blocks[1]
     if fid == "rans":  # decoded in the kernel, one stream table per matrix: never stacked
         assert blk.stacked == {}
@@ -112,12 +102,12 @@ def test_stacked_projections_equal_separate(cpu_backends, fid):
 
 
 @pytest.mark.parametrize("fid", ["i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32"])
-def test_weights_are_arena_copies_of_container_bytes(cpu_backends, tiny_containers, fid):
-    be = cpu_backends[fid].backend
+def test_weights_are_arena_copies_of_container_bytes(cpu_models, tiny_containers, fid):
+    be = cpu_models[fid].backend
     arena = be._arena.buf
     with open_model(tiny_containers[fid]) as c:
         for i in (0, 1):
-            for name, w in cpu_backends[fid].net.blocks[i].proj.items():
+            for name, w in cpu_models[fid].net.blocks[i].proj.items():
                 raw = c.plain(f"blk.{i}.{name}.weight")[1]
                 assert np.shares_memory(w.data, arena) and not w.data.flags.writeable
                 assert w.data.ctypes.data % 64 == 0  # every matrix starts on a cache line

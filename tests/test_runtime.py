@@ -44,13 +44,6 @@ def tiny(tiny_containers):
     return tiny_containers
 
 
-@pytest.fixture(scope="module")
-def cpu_models(tiny):
-    models = {fid: load(p, backend="cpu") for fid, p in tiny.items()}
-    yield models
-    for m in models.values():
-        m.close()
-
 
 # -- an independent float64 forward pass ---------------------------------------------------------
 def reference_logits(path, tokens) -> np.ndarray:
