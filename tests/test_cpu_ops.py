@@ -99,6 +99,7 @@ def test_stacked_projections_equal_separate(cpu_models, fid):
         np.testing.assert_array_equal(be.bitlinear(qa, w), separate)
         assert w.rows == sum(blk.proj[n].rows for n in group)
         assert all(np.shares_memory(w.data, blk.proj[n].data) for n in group)
+        assert not w.data.flags.writeable
 
 
 @pytest.mark.parametrize("fid", ["i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32"])

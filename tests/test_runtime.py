@@ -225,8 +225,9 @@ def test_kernels_match_numpy_with_shared_input(tiny, kernel):
 
 
 @pytest.mark.parametrize("kernel", ["vnni", "portable"])
-@pytest.mark.parametrize("fid,shape", [("i2_s", (5, 384)), ("i2_s_arm64", (3, 320)),
-                                       ("stfma", (7, 100)),
+@pytest.mark.parametrize("fid,shape", [("i2_s", (5, 384)), ("i2_s", (9, 1024)),
+                                       ("i2_s_arm64", (3, 320)), ("stfma", (7, 100)),
+                                       ("stfma", (10, 640)),
                                        ("colpack_u32", (3, 200)), ("tq2_0", (4, 768)),
                                        ("tq1_0", (3, 512))])
 def test_kernel_tails_and_padding(fid, shape, kernel):
@@ -273,10 +274,15 @@ def test_kernel_tails_and_padding(fid, shape, kernel):
         W, layout = raw.reshape(rows, -1), "plain"
         kind = K.KIND_LOW if fid == "stfma" else K.KIND_COLPACK
     corr = (np.zeros(2, np.int32) if kind == K.KIND_COLPACK else q.sum(1, dtype=np.int32))
-    (K.mm2_vnni if vnni else K.mm2_portable)(W, K.slot_activations(q, layout, W.shape[1] * 4),
-                                             corr, s, np.full(rows, 1.25, np.float32), kind, out)
+    ws = rng.uniform(0.5, 2, rows).astype(np.float32)  # per-row scales (stacked matrices)
+    xg = K.slot_activations(q, layout, W.shape[1] * 4)
     exact = (trits.astype(np.int64) @ q.T.astype(np.int64)).T
-    np.testing.assert_array_equal(out, exact.astype(np.float32) / s[:, None] * np.float32(1.25))
+    want = exact.astype(np.float32) / s[:, None] * ws
+    kernels = [K.mm2_vnni, K.mm2_vnni_prompt] if vnni else [K.mm2_portable]
+    for kern in kernels:  # the prompt kernel: 4 rows a pass, leftover rows one at a time
+        out[:] = np.nan
+        kern(W, xg, corr, s, ws, kind, out)
+        np.testing.assert_array_equal(out, want, err_msg=kern.__name__)
 
 
 @pytest.mark.parametrize("kernel", ["vnni", "portable"])

@@ -175,6 +175,64 @@ def _make_vnni_dot(shifts: tuple[int, ...], colpack: bool = False):
     return dot
 
 
+def _make_vnni_dot_rows(shifts: tuple[int, ...], nrows: int):
+    """Intrinsic ``dot(W, w_off, w_stride, xg, x_off, x_stride, n) -> nrows int32``: the dot of
+    :func:`_make_vnni_dot` for rows ``w_off + k * w_stride`` (k < nrows) against one token.
+
+    For prompts: each 64-byte chunk of activations is loaded once for ``nrows`` rows, which
+    cuts the activation traffic from L2 (a prompt's activations do not fit L1) by ``nrows``
+    (4 rows: 16 zmm accumulators). A single token streams weights from memory instead, where
+    one row at a time is faster (shared/research/ground-truth.md), so decode keeps the other.
+    """
+
+    @intrinsic
+    def dot(typingctx, w, w_off, w_stride, xg, x_off, x_stride, n):
+        sig = types.UniTuple(types.int32, nrows)(w, types.intp, types.intp, xg, types.intp,
+                                                 types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w_arr, w_off, w_stride, x_arr, x_off, x_stride, n = args
+            wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+            xptr = context.make_array(signature.args[3])(context, builder, x_arr).data
+            vp = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_I32x16, [_I32x16] * 3),
+                "llvm.x86.avx512.vpdpbusd.512")
+            red = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.IntType(32), [_I32x16]),
+                "llvm.vector.reduce.add.v16i32")
+            zero = ir.Constant(_I32x16, None)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in shifts]
+                    for _ in range(nrows)]
+            c64 = ir.Constant(n.type, 64)
+            with cgutils.for_range(builder, n) as loop:
+                i64 = builder.mul(loop.index, c64)
+                xv = [builder.bitcast(_load64(builder, xptr, builder.add(
+                    builder.add(x_off, i64), builder.mul(x_stride, ir.Constant(n.type, g)))),
+                    _I32x16) for g in range(len(shifts))]
+                for k in range(nrows):
+                    woff = builder.add(builder.add(w_off, builder.mul(
+                        w_stride, ir.Constant(n.type, k))), i64)
+                    wv = _load64(builder, wptr, woff)
+                    for g, sh in enumerate(shifts):
+                        code = builder.and_(wv, ir.Constant(_I8x64, [3 << sh] * 64))
+                        acc = accs[k][g]
+                        builder.store(builder.call(vp, [builder.load(acc), builder.bitcast(
+                            code, _I32x16), xv[g]]), acc)
+            out = []
+            for k in range(nrows):
+                total = zero
+                for g, sh in enumerate(shifts):
+                    v = builder.load(accs[k][g])
+                    total = builder.add(total, builder.ashr(v, ir.Constant(_I32x16, [sh] * 16))
+                                        if sh else v)
+                out.append(builder.call(red, [total]))
+            return context.make_tuple(builder, signature.return_type, out)
+
+        return sig, codegen
+
+    return dot
+
+
 @intrinsic
 def _vnni_tq2_row(typingctx, w, xg, x_off, x_stride, bsum, bs_off, nblocks):
     """float32 ``sum_b d_b * (dot_b - bsum[bs_off + b])`` over a tq2_0 row's 66-byte blocks.
@@ -320,6 +378,10 @@ def _vnni_tq1_row(typingctx, w, x, x_off, bsum, bs_off, nblocks):
 _vnni_i2s = _make_vnni_dot((6, 4, 2, 0))
 _vnni_low = _make_vnni_dot((0, 2, 4, 6))
 _vnni_colpack = _make_vnni_dot((0, 2, 4, 6), colpack=True)
+#: rows per pass of :func:`mm2_vnni_prompt`
+PROMPT_ROWS = 4
+_vnni_i2s_rows = _make_vnni_dot_rows((6, 4, 2, 0), PROMPT_ROWS)
+_vnni_low_rows = _make_vnni_dot_rows((0, 2, 4, 6), PROMPT_ROWS)
 
 
 @intrinsic
@@ -502,6 +564,36 @@ def mm2_vnni(W, XG, corr, s, ws, kind, out):
         for t in range(out.shape[0]):
             d = _dot2_vnni(wr, XG, t, kind)
             out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+
+
+@njit(parallel=True, cache=True)
+def mm2_vnni_prompt(W, XG, corr, s, ws, kind, out):
+    """:func:`mm2_vnni` for several tokens (KIND_I2S, KIND_LOW): ``PROMPT_ROWS`` rows at a time
+    against each token, so a chunk of activations serves four rows (see
+    :func:`_make_vnni_dot_rows`); colpack and leftover rows take the one-row path."""
+    rows, bpr = W.shape
+    chunks = bpr // 64
+    done = chunks * 64
+    R = PROMPT_ROWS
+    groups = rows // R if kind != KIND_COLPACK else 0
+    for gi in prange(groups):
+        r = gi * R
+        for t in range(out.shape[0]):
+            x0 = t * 4 * bpr
+            if kind == KIND_I2S:
+                d = _vnni_i2s_rows(W, r * bpr, bpr, XG, x0, bpr, chunks)
+            else:
+                d = _vnni_low_rows(W, r * bpr, bpr, XG, x0, bpr, chunks)
+            for k in range(R):
+                dk = d[k]
+                if done < bpr:
+                    dk += _dot2_portable(W[r + k], done, XG[t], done, bpr - done, kind)
+                out[t, r + k] = np.float32(dk - corr[t]) / s[t] * ws[r + k]
+    for r in prange(groups * R, rows):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            d1 = _dot2_vnni(wr, XG, t, kind)
+            out[t, r] = np.float32(d1 - corr[t]) / s[t] * ws[r]
 
 
 # -- tq2_0: 66-byte blocks, qs[64] then f16 d ------------------------------------------------------
