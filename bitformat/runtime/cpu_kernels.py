@@ -118,6 +118,15 @@ def _load64(builder, base, offset):
     return builder.load(builder.bitcast(ptr, _I8x64.as_pointer()), align=1)
 
 
+def _vnni_functions(builder):
+    """(vpdpbusd on 512 bits, horizontal int32 sum of 16 lanes), declared in this module."""
+    vp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        _I32x16, [_I32x16] * 3), "llvm.x86.avx512.vpdpbusd.512")
+    red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        ir.IntType(32), [_I32x16]), "llvm.vector.reduce.add.v16i32")
+    return vp, red
+
+
 def _make_vnni_dot(shifts: tuple[int, ...], colpack: bool = False):
     """Intrinsic ``dot(w, w_off, xg, x_off, x_stride, n) -> int32`` over n 64-byte chunks.
 
@@ -140,12 +149,7 @@ def _make_vnni_dot(shifts: tuple[int, ...], colpack: bool = False):
             w_arr, w_off, x_arr, x_off, x_stride, n = args
             wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
             xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
-            vp = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_I32x16, [_I32x16] * 3),
-                "llvm.x86.avx512.vpdpbusd.512")
-            red = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.IntType(32), [_I32x16]),
-                "llvm.vector.reduce.add.v16i32")
+            vp, red = _vnni_functions(builder)
             zero = ir.Constant(_I32x16, None)
             accs = [cgutils.alloca_once_value(builder, zero) for _ in parts]
             c64 = ir.Constant(n.type, 64)
@@ -194,12 +198,7 @@ def _make_vnni_dot_rows(shifts: tuple[int, ...], nrows: int):
             w_arr, w_off, w_stride, x_arr, x_off, x_stride, n = args
             wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
             xptr = context.make_array(signature.args[3])(context, builder, x_arr).data
-            vp = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_I32x16, [_I32x16] * 3),
-                "llvm.x86.avx512.vpdpbusd.512")
-            red = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.IntType(32), [_I32x16]),
-                "llvm.vector.reduce.add.v16i32")
+            vp, red = _vnni_functions(builder)
             zero = ir.Constant(_I32x16, None)
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in shifts]
                     for _ in range(nrows)]
