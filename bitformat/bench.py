@@ -19,9 +19,8 @@ class           bytes per token                              time (cpu / wgpu)
                                                              argmax kernels
 ``other``       the other tensors (norm gains, scales)       the rest of the step / embed and
                                                              norm_quant kernels
-``attention``   the K and V cache the step reads (f32, the   ``attend`` (or ``rope`` and
-                mean over the timed steps)                   ``attention``) / rope and
-                                                             attention kernels
+``attention``   the K and V cache the step reads (f32, the   ``attend`` calls / rope and
+                mean over the timed steps)                   attention kernels
 ==============  ===========================================  ===============================
 
 Times: on ``cpu`` host timers around the backend's calls during the timed steps (``other`` is
@@ -154,22 +153,15 @@ class _Timers:
 @contextlib.contextmanager
 def _timed_cpu(backend: Any, timers: _Timers) -> Iterator[None]:
     """Time the backend's ``bitlinear`` / ``lm_head`` / ``attend`` (instance attributes shadow
-    the methods) and the model module's ``rope`` / ``attention`` (looked up as globals on every
-    call; used where the backend's ``attend`` declines)."""
-    from .runtime import model as M
-
-    backend.bitlinear = timers.wrap("ternary", type(backend).bitlinear.__get__(backend))
-    backend.lm_head = timers.wrap("lm_head", type(backend).lm_head.__get__(backend))
-    backend.attend = timers.wrap("attention", type(backend).attend.__get__(backend))
-    saved = {n: getattr(M, n) for n in ("rope", "attention") if hasattr(M, n)}
-    for n, fn in saved.items():
-        setattr(M, n, timers.wrap("attention", fn))
+    the methods)."""
+    kinds = {"bitlinear": "ternary", "lm_head": "lm_head", "attend": "attention"}
+    for name, key in kinds.items():
+        setattr(backend, name, timers.wrap(key, getattr(type(backend), name).__get__(backend)))
     try:
         yield
     finally:
-        del backend.bitlinear, backend.lm_head, backend.attend
-        for n, fn in saved.items():
-            setattr(M, n, fn)
+        for name in kinds:
+            delattr(backend, name)
 
 
 def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,

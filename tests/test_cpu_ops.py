@@ -4,7 +4,7 @@
   bits as :func:`bitformat.runtime.backend.rms_norm` and ``quantize_activations``: both sum the
   float32 squares in float64 and do the rest in float32 in the same order.
 * One-token attention (RoPE, KV-cache write, softmax over the cache) against
-  :func:`bitformat.runtime.model.rope` and ``attention`` in float64: only summation order
+  :func:`bitformat.runtime.backend.rope` and ``attention`` in float64: only summation order
   differs, so the float32 result must be within a few float32 ulps of the exact one.
 * Matrices stacked by rows (q, k, v; gate, up) give, bit for bit, the separate products, and
   every matrix the kernels read is a copy of the container's bytes in one arena.
@@ -18,8 +18,8 @@ import pytest
 from bitformat.container import open_model
 from bitformat.formats import FORMAT_IDS
 from bitformat.runtime import cpu_ops as ops
-from bitformat.runtime.backend import quantize_activations, relu2_glu, rms_norm
-from bitformat.runtime.model import INPUT_GROUPS, attention, rope
+from bitformat.runtime.backend import attention, quantize_activations, relu2_glu, rms_norm, rope
+from bitformat.runtime.model import INPUT_GROUPS
 
 SHAPES = [(1, 2560), (3, 256), (2, 100), (1, 6912)]
 

@@ -65,6 +65,30 @@ def relu2_glu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return g * g * up
 
 
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE: x [T, heads, d], cos/sin [T, d/2]; element i pairs with i + d/2."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # [T, heads, d/2] each
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    """Causal GQA: q [T, H, d] at positions start.., k/v [S, KV, d] -> [T, H*d]."""
+    T, H, d = q.shape
+    S, KV, _ = k.shape
+    qg = q.reshape(T, KV, H // KV, d).transpose(1, 2, 0, 3)  # [KV, G, T, d]
+    scores = qg @ k.transpose(1, 2, 0)[:, None]  # [KV, G, T, S]
+    scores *= scores.dtype.type(1.0 / np.sqrt(d))
+    future = np.arange(S)[None, :] > (start + np.arange(T))[:, None]  # [T, S]
+    scores[..., future] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = p @ v.transpose(1, 0, 2)[:, None]  # [KV, G, T, d]
+    return out.transpose(2, 0, 1, 3).reshape(T, H * d)
+
+
 @dataclass
 class TernarySource:
     """One ternary matrix as its container bytes, with what it takes to decode rows of it."""
@@ -194,11 +218,13 @@ class Backend:
         return quantize_activations(rms_norm(relu2_glu(gate, up), gain, eps))
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray,
-               vc: np.ndarray, start: int, cos: np.ndarray, sin: np.ndarray
-               ) -> np.ndarray | None:
-        """RoPE, KV-cache update and attention done by the backend, or None to let the model
-        do them in numpy (see :meth:`.model.BitNet.forward`)."""
-        return None
+               vc: np.ndarray, start: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """RoPE on q [T, H, d] and k [T, KV, d], k and v stored in one layer's cache ``kc``/
+        ``vc`` at positions ``start..``, then causal attention over the cache -> [T, H * d]."""
+        T = q.shape[0]
+        kc[start: start + T] = rope(k, cos, sin)
+        vc[start: start + T] = v
+        return attention(rope(q, cos, sin), kc[: start + T], vc[: start + T], start)
 
     def bitlinear(self, qa: QuantizedActivations, w: Any) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError

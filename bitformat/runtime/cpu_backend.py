@@ -32,7 +32,6 @@ from . import cpu_kernels as K
 from . import cpu_ops as ops
 from . import cpu_rans as KR
 from .backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
-from .model import attention, rope
 
 #: Matrices smaller than this run on the calling thread alone (see :meth:`CpuBackend._call`).
 SERIAL_BYTES = 512 << 10
@@ -272,16 +271,14 @@ class CpuBackend(Backend):
         return QuantizedActivations(q, s)
 
     def attend(self, q, k, v, kc, vc, start, cos, sin):
-        """One token: :func:`.cpu_ops.attend_one`. A prompt: the model's numpy attention
-        (BLAS matrix products), with BLAS held to this thread. Left to its own threads,
-        OpenBLAS keeps them spinning for a while after each call, on the cores the numba
-        kernels run on next: a 64-token prompt of 2B-4T took 1.9 s that way, 0.7 s without."""
-        T = q.shape[0]
-        if T > 1:
+        """One token: :func:`.cpu_ops.attend_one`. A prompt: the numpy attention of
+        :meth:`.Backend.attend` (BLAS matrix products), with BLAS held to this thread. Left to
+        its own threads, OpenBLAS keeps them spinning for a while after each call, on the cores
+        the numba kernels run on next: a 64-token prompt of 2B-4T took 1.9 s that way, 0.7 s
+        without."""
+        if q.shape[0] > 1:
             with self._blas.limit(limits=1, user_api="blas"):
-                kc[start: start + T] = rope(k, cos, sin)
-                vc[start: start + T] = v
-                return attention(rope(q, cos, sin), kc[: start + T], vc[: start + T], start)
+                return super().attend(q, k, v, kc, vc, start, cos, sin)
         out = np.empty((1, q.shape[1] * q.shape[2]), np.float32)
         ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
         return out

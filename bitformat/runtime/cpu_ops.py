@@ -5,7 +5,7 @@ in about forty small array operations per layer (each a few microseconds of disp
 temporary array): RMSNorm, int8 quantization, ReLU² gating, RoPE and attention over the KV
 cache. Here each group is one compiled call on the calling thread. The arithmetic is the
 numpy reference's (:func:`.backend.rms_norm`, :func:`.backend.quantize_activations`,
-:func:`.model.attention`) in float32 in the same order, so RMSNorm and quantization give the
+:func:`.backend.attention`) in float32 in the same order, so RMSNorm and quantization give the
 same bits. Attention sums its dot products in SIMD lanes, as numpy's BLAS does in another
 order: its output differs in the last bits, which can move an activation that sits on an int8
 ``.5`` boundary by one step (tests/test_cpu_ops.py).

@@ -124,30 +124,6 @@ class KVCache:
         return 2 * self.length * self.k[0, 0].nbytes * self.k.shape[0]
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate-half RoPE: x [T, heads, d], cos/sin [T, d/2]; element i pairs with i + d/2."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]  # [T, heads, d/2] each
-    c, s = cos[:, None, :], sin[:, None, :]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-
-
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
-    """Causal GQA: q [T, H, d] at positions start.., k/v [S, KV, d] -> [T, H*d]."""
-    T, H, d = q.shape
-    S, KV, _ = k.shape
-    qg = q.reshape(T, KV, H // KV, d).transpose(1, 2, 0, 3)  # [KV, G, T, d]
-    scores = qg @ k.transpose(1, 2, 0)[:, None]  # [KV, G, T, S]
-    scores *= scores.dtype.type(1.0 / np.sqrt(d))
-    future = np.arange(S)[None, :] > (start + np.arange(T))[:, None]  # [T, S]
-    scores[..., future] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
-    out = p @ v.transpose(1, 0, 2)[:, None]  # [KV, G, T, d]
-    return out.transpose(2, 0, 1, 3).reshape(T, H * d)
-
-
 @dataclass
 class Block:
     """The weights of one decoder layer: norm gains and backend handles of the projections."""
@@ -230,13 +206,8 @@ class BitNet:
             q, k, v = self._linears(blk, ("attn_q", "attn_k", "attn_v"), x)
             q = q.reshape(T, a.n_heads, hd)
             k, v = k.reshape(T, a.n_kv_heads, hd), v.reshape(T, a.n_kv_heads, hd)
-            kc, vc = cache.k[i], cache.v[i]
-            o = self.be.attend(q, k, v, kc, vc, start, cos, sin)  # None: not done there
-            if o is None:
-                kc[start: start + T] = rope(k, cos, sin)
-                vc[start: start + T] = v
-                o = attention(rope(q, cos, sin), kc[: start + T], vc[: start + T], start)
-            o = self._norm_quant(o, blk.attn_sub_norm)  # [T, dim]
+            o = self.be.attend(q, k, v, cache.k[i], cache.v[i], start, cos, sin)  # [T, dim]
+            o = self._norm_quant(o, blk.attn_sub_norm)
             h = h + self._linear(blk, "attn_output", o)
             f = self._norm_quant(h, blk.ffn_norm)
             gate, up = self._linears(blk, ("ffn_gate", "ffn_up"), f)  # [T, hidden_dim] each

@@ -18,8 +18,7 @@ from bitformat.constants import GGMLType
 from bitformat.formats import get_format
 from bitformat.formats.i2_s import I2S
 from bitformat.formats.rans import Rans
-from bitformat.runtime.backend import quantize_activations
-from bitformat.runtime.model import attention, rms_norm, rope
+from bitformat.runtime.backend import attention, quantize_activations, rms_norm, rope
 from bitformat.runtime.wgpu_backend import (
     GpuEmbedding,
     GpuMatrix,
