@@ -24,7 +24,7 @@ class           bytes per token                              time (cpu / wgpu)
 ==============  ===========================================  ===============================
 
 Times: on ``cpu`` host timers around the backend's calls during the timed steps (``other`` is
-the step's wall time minus the three others); on ``wgpu`` :meth:`~.runtime.wgpu_model.
+the step's wall time minus the three others); on ``wgpu`` :meth:`~.runtime.wgpu.network.
 WgpuBitNet.profile` of one step at the mean length (GPU timestamp queries where the adapter has
 them, else each dispatch submitted and waited for alone, timed on the host). Totals
 (``ms_per_token``, ``tokens_per_s``) are always host wall time of the timed steps, which on
@@ -128,7 +128,7 @@ def class_bytes(model: Model, kv_bytes: int) -> dict[str, int]:
 
 
 def _args(model: Model) -> Any:
-    from .runtime.model import ModelArgs
+    from .runtime.models import ModelArgs
 
     meta = {k: v.plain() for k, v in model.metadata.items()}
     return ModelArgs.from_metadata(meta, vocab_size=model.entry("token_embd.weight").shape[0])
@@ -194,11 +194,12 @@ def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
 def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: int
               ) -> tuple[dict[str, float], float, list[int], float, dict[str, Any]]:
     """The same on the GPU; class seconds are one profiled step at the mean length."""
-    from .runtime.wgpu_backend import WgpuBackend
+    from .runtime.wgpu.backend import WgpuBackend
+    from .runtime.wgpu.network import WgpuBitNet
 
     n = len(prompt) + 1 + tokens
     t0 = time.perf_counter()
-    net = WgpuBackend(model, device=dev, context=n).network(_args(model))
+    net = WgpuBitNet(_args(model), WgpuBackend(model, device=dev, context=n))
     load_s = time.perf_counter() - t0
     cache = net.new_cache(n)
     tok = net.forward_argmax(prompt, cache)
@@ -245,7 +246,7 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
     kv = kv_pos * (2 * len(prompt) + tokens + 3) // 2  # mean over the timed steps
     dev = None
     if backend == "wgpu":
-        from .runtime.wgpu_device import GpuDevice
+        from .runtime.wgpu.device import GpuDevice
 
         dev = GpuDevice()
     result = BenchResult(str(src), backend, dev.name if dev else "", "host", len(prompt), 1,

@@ -17,9 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -28,6 +26,7 @@ from .errors import FormatError, MetadataError
 from .formats import FORMAT_IDS, get_format
 from .formats.base import TernaryFormat
 from .gguf_io import GGUFReader, GGUFWriter, MetaValue
+from .modelfile import ConvertReport, Model, TensorEntry
 from .ternary import TernaryTensor
 
 CONTAINER_VERSION = 1
@@ -37,67 +36,6 @@ NATIVE_TYPES = {GGMLType.I2_S: "i2_s", GGMLType.TQ2_0: "tq2_0", GGMLType.TQ1_0: 
 #: GGUF names of the seven ternary projections of a BitNet block.
 TERNARY_NAME = re.compile(
     r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
-
-
-@dataclass
-class TensorEntry:
-    """One tensor of a model: a ternary matrix in some encoding, or a plain array."""
-
-    name: str
-    shape: tuple[int, ...]  # logical, numpy order ([rows, cols] for ternary matrices)
-    encoding: str  # a format id for ternary tensors, else the GGML type name ("F16", ...)
-    nbytes: int  # bytes it occupies in this container
-    ternary: bool
-
-    @property
-    def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=object))
-
-
-@dataclass
-class Model:
-    """An opened container: metadata, tensors in file order, and loaders for each."""
-
-    path: str
-    metadata: dict[str, MetaValue]
-    entries: list[TensorEntry]
-    container: str  # the format id of the ternary tensors ("mixed" if several)
-    _load_ternary: Callable[[str], TernaryTensor] = field(repr=False)
-    _load_plain: Callable[[str], tuple[GGMLType, np.ndarray]] = field(repr=False)
-    _close: Callable[[], None] = field(repr=False, default=lambda: None)
-    #: scales changed on reading (an HF "bitlinear" 1/s): tensor -> relative change
-    scale_changes: dict[str, float] = field(default_factory=dict)
-
-    def entry(self, name: str) -> TensorEntry:
-        for e in self.entries:
-            if e.name == name:
-                return e
-        raise KeyError(name)
-
-    def ternary(self, name: str) -> TernaryTensor:
-        """Decode one ternary matrix into the hub form."""
-        return self._load_ternary(name)
-
-    def plain(self, name: str) -> tuple[GGMLType, np.ndarray]:
-        """A non-ternary tensor: its GGML type and its raw bytes (uint8, read-only)."""
-        return self._load_plain(name)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        mv = self.metadata.get(key)
-        return default if mv is None else mv.plain()
-
-    @property
-    def architecture(self) -> str:
-        return str(self.get("general.architecture", "unknown"))
-
-    def close(self) -> None:
-        self._close()
-
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def open_model(path: str | os.PathLike, *, i2s_variant: str = "x86") -> Model:
@@ -208,19 +146,6 @@ def _tensor_meta(reader: GGUFReader, name: str) -> tuple[str, int, int, float]:
 
 
 # -- writing -------------------------------------------------------------------------------
-@dataclass
-class ConvertReport:
-    """What a conversion did: per tensor, the largest relative scale change it made."""
-
-    source: str
-    target: str
-    format_id: str
-    scale_changes: dict[str, float] = field(default_factory=dict)
-    tensors: int = 0
-    ternary_weights: int = 0
-    bytes_written: int = 0
-
-
 def output_metadata(src: dict[str, MetaValue], fmt: TernaryFormat) -> dict[str, MetaValue]:
     """The target's metadata: the source's, less what described the old encoding.
 

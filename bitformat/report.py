@@ -25,9 +25,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .container import Model, TensorEntry, open_model
+from .container import open_model
 from .errors import ScaleLossError, ShapeError
 from .formats import FORMAT_IDS, get_format
+from .modelfile import Model, TensorEntry
 from .ternary import TernaryTensor
 
 #: Columns of the report, in order: the containers, the base3 codec, zstd-19 over i2_s bytes.

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .container import Model, TensorEntry
+from .modelfile import Model, TensorEntry
 
 
 @dataclass

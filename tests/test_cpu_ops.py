@@ -17,9 +17,9 @@ import pytest
 
 from bitformat.container import open_model
 from bitformat.formats import FORMAT_IDS
-from bitformat.runtime import cpu_ops as ops
 from bitformat.runtime.backend import attention, quantize_activations, relu2_glu, rms_norm, rope
-from bitformat.runtime.model import INPUT_GROUPS
+from bitformat.runtime.cpu import ops
+from bitformat.runtime.models import INPUT_GROUPS
 
 SHAPES = [(1, 2560), (3, 256), (2, 100), (1, 6912)]
 

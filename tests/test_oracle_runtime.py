@@ -30,7 +30,7 @@ this holds, and otherwise fails:
 
 Transformers' side is captured with forward hooks on its AutoBitLinear modules (q/k/v share
 one input, gate/up another: four quantizations per layer, as the runtime does) and quantized
-with its own formula in torch; ours through :data:`bitformat.runtime.model.activation_hook`,
+with its own formula in torch; ours through :data:`bitformat.runtime.models.base.activation_hook`,
 which the network calls with every RMSNorm output it quantizes. A tie exact on both sides (where
 only the rounding rule decides) does not occur in these runs, so a separate test holds the
 rule itself against transformers' ``ActQuant``.
@@ -57,8 +57,8 @@ from click.testing import CliRunner  # noqa: E402
 from bitformat.cli import main as cli  # noqa: E402
 from bitformat.formats import FORMAT_IDS  # noqa: E402
 from bitformat.runtime import load  # noqa: E402
-from bitformat.runtime import model as model_mod  # noqa: E402
 from bitformat.runtime.backend import QuantizedActivations, quantize_activations  # noqa: E402
+from bitformat.runtime.models import base as model_mod  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 

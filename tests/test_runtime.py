@@ -32,8 +32,8 @@ from bitformat.container import convert, open_model
 from bitformat.errors import RequestError, UnsupportedConversionError
 from bitformat.formats import FORMAT_IDS
 from bitformat.runtime import ModelArgs, load, make_sampler
-from bitformat.runtime import model as model_mod
 from bitformat.runtime.backend import QuantizedActivations, quantize_activations
+from bitformat.runtime.models import base as model_mod
 
 PROMPT = [5, 17, 300, 42, 7, 99, 480, 1, 250, 33, 64, 128]
 
@@ -201,8 +201,8 @@ def test_greedy_identical_everywhere(tiny, cpu_models):
 # -- kernels, per matrix ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kernel", ["vnni", "portable"])
 def test_kernels_match_numpy_with_shared_input(tiny, kernel):
-    from bitformat.runtime.cpu_backend import CpuBackend
-    from bitformat.runtime.cpu_kernels import kernel_mode
+    from bitformat.runtime.cpu.backend import CpuBackend
+    from bitformat.runtime.cpu.kernels import kernel_mode
     from bitformat.runtime.numpy_backend import NumpyBackend
 
     if kernel == "vnni" and kernel_mode() != "vnni":
@@ -233,7 +233,7 @@ def test_kernels_match_numpy_with_shared_input(tiny, kernel):
 def test_kernel_tails_and_padding(fid, shape, kernel):
     """Rows with a partial 64-byte chunk or u32 padding, against exact integer sums."""
     from bitformat.formats import get_format
-    from bitformat.runtime import cpu_kernels as K
+    from bitformat.runtime.cpu import kernels as K
     from bitformat.ternary import TernaryTensor
 
     if kernel == "vnni" and K.kernel_mode() != "vnni":
@@ -288,7 +288,8 @@ def test_kernel_tails_and_padding(fid, shape, kernel):
 @pytest.mark.parametrize("kernel", ["vnni", "portable"])
 @pytest.mark.parametrize("gtype", ["F32", "F16", "BF16"])
 def test_lm_head_kernels(gtype, kernel):
-    from bitformat.runtime import cpu_kernels as K
+    from bitformat.runtime.cpu import head as H
+    from bitformat.runtime.cpu import kernels as K
 
     if kernel == "vnni" and K.kernel_mode() != "vnni":
         pytest.skip("vnni kernels not selected (no AVX512-VNNI, or BITFORMAT_CPU_KERNEL)")
@@ -298,21 +299,21 @@ def test_lm_head_kernels(gtype, kernel):
     out = np.empty((2, 300), np.float32)
     if gtype == "F32":
         E.setflags(write=False)  # read-only like the memory map
-        K.lm_head_f32(E, x, out)
+        H.lm_head_f32(E, x, out)
     else:
         bits = (E.astype(np.float16).view(np.uint16) if gtype == "F16"
                 else (E.view(np.uint32) >> 16).astype(np.uint16))
         bits.setflags(write=False)
-        E = K.lut16(gtype)[bits]
+        E = H.lut16(gtype)[bits]
         if kernel == "portable":
-            K.lm_head_lut(bits, K.lut16(gtype), x, out)
+            H.lm_head_lut(bits, H.lut16(gtype), x, out)
         else:
-            (K.lm_head_f16 if gtype == "F16" else K.lm_head_bf16)(bits, x, out)
+            (H.lm_head_f16 if gtype == "F16" else H.lm_head_bf16)(bits, x, out)
     assert rel_err(out, x.astype(np.float64) @ E.T.astype(np.float64)) < 1e-5
 
 
 def test_kernel_mode_env(monkeypatch):
-    from bitformat.runtime import cpu_kernels as K
+    from bitformat.runtime.cpu import kernels as K
 
     monkeypatch.setenv(K.ENV_VAR, "portable")
     assert K.kernel_mode() == "portable"
@@ -453,7 +454,7 @@ def test_upstream_bitnet_arch_with_scale_tensors(tiny, cpu_models, tmp_path):
 
 
 def test_thread_picker_follows_the_faster_setting():
-    from bitformat.runtime.cpu_backend import ThreadPicker
+    from bitformat.runtime.cpu.backend import ThreadPicker
 
     p = ThreadPicker(2)
     for n, rate in ((2, 10e9), (1, 6e9)):  # both are tried first, the first call not counted
@@ -481,9 +482,9 @@ def test_rans_cpu_holds_only_container_words(tiny, kernel):
     """The backend keeps a view of the tensor's words plus index arrays a fraction of its size
     (no int8 trits), and every mat-vec matches the numpy backend exactly, for 1 token (a dot
     table per token), 3 (one decode per token) and 6 (one decode, row buffer)."""
-    from bitformat.runtime import cpu_rans as KR
-    from bitformat.runtime.cpu_backend import CpuBackend
-    from bitformat.runtime.cpu_kernels import kernel_mode
+    from bitformat.runtime.cpu import rans as KR
+    from bitformat.runtime.cpu.backend import CpuBackend
+    from bitformat.runtime.cpu.kernels import kernel_mode
     from bitformat.runtime.numpy_backend import NumpyBackend
 
     if kernel == "vnni" and kernel_mode() != "vnni":
@@ -513,7 +514,7 @@ def test_rans_kernels_geometries(shape, min_stream, mode):
     """Pieces per row (p > 1), several rows per stream, lock-step blocks and their leftovers,
     dead rows and columns, single-trit symbols: exact against integer sums."""
     from bitformat.formats.rans import Rans
-    from bitformat.runtime import cpu_rans as KR
+    from bitformat.runtime.cpu import rans as KR
     from bitformat.ternary import TernaryTensor
 
     rng = np.random.default_rng(sum(shape))
@@ -542,7 +543,7 @@ def test_rans_corrupt_stream_fails_at_load(tiny, tmp_path):
     load; without it the kernels still stay inside the tensor."""
     from bitformat.errors import FormatError
     from bitformat.gguf_io import GGUFReader
-    from bitformat.runtime.cpu_backend import CpuBackend
+    from bitformat.runtime.cpu.backend import CpuBackend
 
     name = "blk.0.ffn_up.weight"
     with GGUFReader(tiny["rans"]) as r:
@@ -561,7 +562,7 @@ def test_rans_corrupt_stream_fails_at_load(tiny, tmp_path):
 
 def test_rans_greedy_with_portable_env(tiny, cpu_models, monkeypatch):
     """BITFORMAT_CPU_KERNEL=portable: the rans model decodes the same tokens."""
-    from bitformat.runtime import cpu_kernels as K
+    from bitformat.runtime.cpu import kernels as K
 
     monkeypatch.setenv(K.ENV_VAR, "portable")
     with load(tiny["rans"], backend="cpu") as m:
@@ -573,7 +574,7 @@ def test_rans_greedy_with_portable_env(tiny, cpu_models, monkeypatch):
 def test_lm_head_copy_is_resident_and_equal(tiny):
     """The LM head reads an anonymous copy of the embedding (huge pages where the OS gives
     them), equal to the container's bytes; the file pages are released from the mapping."""
-    from bitformat.runtime.cpu_backend import CpuBackend, resident_copy
+    from bitformat.runtime.cpu.backend import CpuBackend, resident_copy
     from bitformat.runtime.numpy_backend import NumpyBackend
 
     with open_model(tiny["i2_s"]) as c:

@@ -422,7 +422,7 @@ def main() -> None:
 
 def render(rows: list[dict], bw: list[float], a, load_before: str, load_after: str,
            elapsed: float) -> str:
-    from bitformat.runtime.cpu_kernels import kernel_mode
+    from bitformat.runtime.cpu.kernels import kernel_mode
 
     b = statistics.median(bw)
     cmd = "python tools/bench_decode.py --write" + (" --adaptive" if a.adaptive else "")

@@ -106,7 +106,7 @@ def read_bandwidth(repeat: int) -> float:
 
 
 def bench_matvec(cold_mib: int, repeat: int) -> None:
-    from bitformat.runtime import cpu_kernels as K
+    from bitformat.runtime.cpu import kernels as K
 
     bw = read_bandwidth(repeat)
     print(f"read bandwidth (numba prange row sums, 1 GiB): {bw:.1f} GB/s")
@@ -144,7 +144,7 @@ def main() -> None:
     ap.add_argument("--backend", nargs="+", default=["cpu"], choices=["cpu", "numpy"],
                     help="backends for --model")
     a = ap.parse_args()
-    from bitformat.runtime.cpu_kernels import kernel_mode
+    from bitformat.runtime.cpu.kernels import kernel_mode
 
     print(f"cpu kernel build: {kernel_mode()}")
     if a.part in ("all", "decode"):

@@ -41,7 +41,6 @@ import numpy as np
 
 from ..atomic import atomic_dir
 from ..constants import GGMLType
-from ..container import ConvertReport, Model, TensorEntry
 from ..errors import (
     FormatError,
     InvalidScaleError,
@@ -50,6 +49,7 @@ from ..errors import (
     UnsupportedConversionError,
 )
 from ..gguf_io import MetaValue, sanitize
+from ..modelfile import ConvertReport, Model, TensorEntry
 from ..safetensors_io import (
     FLOAT_DTYPES,
     GGML_OF_ST,

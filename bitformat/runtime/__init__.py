@@ -16,7 +16,7 @@ from .generate import (
     stream_generate,
 )
 from .loader import BACKENDS, LoadedModel, load
-from .model import BitNet, ModelArgs
+from .models import BitNet, ModelArgs
 
 __all__ = ["BACKENDS", "BitNet", "GenerationResponse", "GenerationResult", "GenerationStats",
            "LoadedModel", "ModelArgs", "generate", "generate_step", "load", "make_sampler",

@@ -1,7 +1,7 @@
 """What every runtime backend shares: activation quantization, weight sources, plain tensors.
 
 A backend turns the tensors of an opened container into the three operations
-:mod:`bitformat.runtime.model` needs: ``embed`` (token rows), ``bitlinear`` (int8 activations
+:mod:`bitformat.runtime.models` need: ``embed`` (token rows), ``bitlinear`` (int8 activations
 times a ternary matrix read from its container bytes) and ``lm_head`` (the tied, unquantized
 embedding as output projection). Everything else of the model is plain numpy in ``dtype``.
 """
@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from ..constants import I2_S_TAIL_BYTES, GGMLType
-from ..container import Model
 from ..errors import InvalidScaleError, MetadataError, UnsupportedConversionError
 from ..formats import get_format
 from ..formats.base import TernaryFormat
+from ..modelfile import Model
 from ..ternary import TernaryTensor
 
 #: Ternary encodings whose bytes a backend can read row by row.
@@ -53,7 +53,7 @@ def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
 
     The squares are summed in float64 and the mean rounded back to ``x``'s dtype: the
     correctly rounded mean almost always, whatever the summation order, so the compiled
-    version (:func:`.cpu_ops.norm_quant`) gives the same bits.
+    version (:func:`.cpu.ops.norm_quant`) gives the same bits.
     """
     ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float64).astype(x.dtype)
     return x / np.sqrt(ms + x.dtype.type(eps)) * gain

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import RequestError
-from .model import BitNet
+from .models import BitNet
 
 Sampler = Callable[[np.ndarray], int]
 

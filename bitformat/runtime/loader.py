@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..container import Model, open_model
+from ..container import open_model
 from ..errors import MetadataError, RequestError
+from ..modelfile import Model
 from .backend import Backend
 from .generate import (
     GenerationResponse,
@@ -24,7 +25,7 @@ from .generate import (
     collect,
     stream_generate,
 )
-from .model import BitNet, ModelArgs
+from .models import BitNet, ModelArgs
 
 BACKENDS = ("numpy", "cpu", "wgpu")
 
@@ -41,9 +42,12 @@ class LoadedModel:
         self.container_model = container
         self.backend = backend
         self.args = args
-        # a backend that runs the whole model itself (wgpu) provides its own network
-        network = getattr(backend, "network", None)
-        self.net = network(args) if network is not None else BitNet(args, backend)
+        if backend.name == "wgpu":  # the whole model on the device, one command buffer a token
+            from .wgpu.network import WgpuBitNet
+
+            self.net = WgpuBitNet(args, backend)
+        else:
+            self.net = BitNet(args, backend)
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once.
@@ -97,7 +101,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
     "float32" or "float64"). ``threads`` fixes the cpu backend's thread count; by default it
     switches between one thread and all cores, whichever streams faster (see
-    :class:`~.cpu_backend.ThreadPicker`). ``validate`` (cpu) reads every ternary
+    :class:`~.cpu.backend.ThreadPicker`). ``validate`` (cpu) reads every ternary
     matrix once with its format's checks; the numpy backend checks on every use anyway.
     """
     if backend not in BACKENDS:
@@ -113,12 +117,12 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
             raise MetadataError(f"vocab_size {args.vocab_size} but token_embd has {vocab} rows",
                                 path=str(path))
         if backend == "cpu":
-            from .cpu_backend import CpuBackend
+            from .cpu.backend import CpuBackend
 
             be: Backend = CpuBackend(container, i2s_variant=i2s_variant, threads=threads,
                                      validate=validate)
         elif backend == "wgpu":
-            from .wgpu_backend import WgpuBackend
+            from .wgpu.backend import WgpuBackend
 
             be = WgpuBackend(container, i2s_variant=i2s_variant, validate=validate)
         else:

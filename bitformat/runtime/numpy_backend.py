@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..container import Model
+from ..modelfile import Model
 from ..ternary import TernaryTensor
 from .backend import Backend, QuantizedActivations, TernarySource, ternary_source
 

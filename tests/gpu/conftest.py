@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bitformat.runtime.wgpu_device import ENV_REQUIRE, GpuDevice, request_adapter, require_gpu
+from bitformat.runtime.wgpu.device import ENV_REQUIRE, GpuDevice, request_adapter, require_gpu
 
 
 @pytest.fixture(scope="session")

@@ -19,14 +19,14 @@ from bitformat.formats import get_format
 from bitformat.formats.i2_s import I2S
 from bitformat.formats.rans import Rans
 from bitformat.runtime.backend import attention, quantize_activations, rms_norm, rope
-from bitformat.runtime.wgpu_backend import (
+from bitformat.runtime.wgpu.backend import (
     GpuEmbedding,
     GpuMatrix,
     GpuRans,
     RowMatrix,
     activation_block,
 )
-from bitformat.runtime.wgpu_device import UNIFORM_WORDS, Dispatch
+from bitformat.runtime.wgpu.device import UNIFORM_WORDS, Dispatch
 from bitformat.ternary import TernaryTensor
 
 POISON = np.uint32(0x7FC0DEAD)  # a quiet NaN with a payload

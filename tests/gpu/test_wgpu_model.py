@@ -20,11 +20,12 @@ from bitformat.container import open_model
 from bitformat.errors import RequestError
 from bitformat.formats import FORMAT_IDS
 from bitformat.runtime import generate_step, make_sampler
-from bitformat.runtime import model as model_mod
 from bitformat.runtime.backend import QuantizedActivations, quantize_activations
-from bitformat.runtime.model import BitNet, ModelArgs
+from bitformat.runtime.models import BitNet, ModelArgs
+from bitformat.runtime.models import base as model_mod
 from bitformat.runtime.numpy_backend import NumpyBackend
-from bitformat.runtime.wgpu_backend import WgpuBackend
+from bitformat.runtime.wgpu.backend import WgpuBackend
+from bitformat.runtime.wgpu.network import WgpuBitNet
 
 PROMPT = [5, 17, 300, 42, 7, 99, 480, 1, 250, 33, 64, 128]
 NOISE = 0.05  # int8 steps between the two runs' x * s (batch vs token-by-token attention)
@@ -44,7 +45,7 @@ def nets(tiny_all, gpu):
     out = {}
     for fid, path in tiny_all.items():
         c = open_model(path)
-        out[fid] = (c, WgpuBackend(c, device=gpu).network(args_of(c)))
+        out[fid] = (c, WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu)))
     yield out
     for c, _ in out.values():
         c.close()
@@ -114,12 +115,12 @@ def test_split_bindings_and_lanes_give_the_same_logits(tiny_all, nets, devices):
     want = net.forward(PROMPT, net.new_cache(len(PROMPT)))
     small = WgpuBackend(c, device=devices(1, None, 40000), context=64)
     assert len(small.embedding.chunks) == 7
-    net2 = small.network(net.args)
+    net2 = WgpuBitNet(net.args, small)
     assert len(small.pair("blk.0.ffn_gate.weight", "blk.0.ffn_up.weight").chunks) == 2
     np.testing.assert_array_equal(net2.forward(PROMPT, net2.new_cache(len(PROMPT))), want)
     for fid in ("tq1_0", "rans"):
         c2, net3 = nets[fid]
-        wide = WgpuBackend(c2, device=devices(16, "storage")).network(net.args)
+        wide = WgpuBitNet(net.args, WgpuBackend(c2, device=devices(16, "storage")))
         got = wide.forward(PROMPT, wide.new_cache(len(PROMPT)))
         assert rel_err(got, want) < 1e-5, fid
 

@@ -40,12 +40,12 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..codecs import rans_tables as rt
-from ..codecs.rans_kernels import _init_state
-from ..codecs.rans_streams import RansTables
-from ..errors import FormatError
-from ..formats import rans as R
-from ..formats.rans_layout import Geometry
+from ...codecs import rans_tables as rt
+from ...codecs.rans_kernels import _init_state
+from ...codecs.rans_streams import RansTables
+from ...errors import FormatError
+from ...formats import rans as R
+from ...formats.rans_layout import Geometry
 
 _U = np.uint64
 _MASK = _U((1 << 24) - 1)

@@ -19,109 +19,20 @@ which a backend may replace step by step with equivalents of its own (:class:`.b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import MetadataError, RequestError, UnsupportedConversionError
-from .backend import Backend, QuantizedActivations, relu2_glu, rms_norm
+from ...errors import RequestError
+from ..backend import Backend, QuantizedActivations, relu2_glu, rms_norm
+from . import base
+from .base import KVCache, ModelArgs
 
-#: When set, every activation quantization of every model goes through it, in numpy:
-#: ``activation_hook(x) -> QuantizedActivations`` with ``x`` the RMSNorm output [T, n], four
-#: calls per layer in order (attention input, attention sub-norm, FFN input, FFN sub-norm).
-#: The backends' fused steps are bypassed. Tests use it to record and inject activations.
-activation_hook: Callable[[np.ndarray], QuantizedActivations] | None = None
-
-#: GGUF architectures with this graph (bitnet.cpp's two names and upstream llama.cpp's).
-ARCHITECTURES = ("bitnet-b1.58", "bitnet-25", "bitnet")
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 #: projections that read the same activations (a backend may run each group as one matrix)
 INPUT_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    dim: int  # hidden size
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    hidden_dim: int  # FFN (intermediate) width
-    vocab_size: int
-    norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
-    context_length: int = 4096
-    arch: str = "bitnet-b1.58"
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @classmethod
-    def from_metadata(cls, meta: Mapping[str, Any], vocab_size: int | None = None) -> ModelArgs:
-        """From GGUF metadata (plain values): ``<arch>.embedding_length`` and friends."""
-        arch = meta.get("general.architecture")
-        if arch not in ARCHITECTURES:
-            raise UnsupportedConversionError(f"architecture {arch!r} is not BitNet b1.58 "
-                                             f"(expected one of {', '.join(ARCHITECTURES)})")
-
-        def need(key: str, default: Any = None) -> Any:
-            v = meta.get(f"{arch}.{key}", default)
-            if v is None:
-                raise MetadataError(f"missing metadata {arch}.{key}")
-            return v
-
-        heads = int(need("attention.head_count"))
-        args = cls(dim=int(need("embedding_length")), n_layers=int(need("block_count")),
-                   n_heads=heads, n_kv_heads=int(need("attention.head_count_kv", heads)),
-                   hidden_dim=int(need("feed_forward_length")),
-                   vocab_size=int(need("vocab_size", vocab_size)),
-                   norm_eps=float(need("attention.layer_norm_rms_epsilon", 1e-5)),
-                   rope_theta=float(need("rope.freq_base", 10000.0)),
-                   context_length=int(need("context_length", 2048)), arch=arch)
-        rope_dim = meta.get(f"{arch}.rope.dimension_count", args.head_dim)
-        if int(rope_dim) != args.head_dim:
-            raise UnsupportedConversionError(f"partial RoPE ({rope_dim} of {args.head_dim} "
-                                             "head dimensions) is not BitNet's")
-        return args.checked()
-
-    @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelArgs:
-        """From a Hugging Face ``config.json`` of ``BitNetForCausalLM``."""
-        rope = cfg.get("rope_parameters") or {}
-        heads = int(cfg["num_attention_heads"])
-        return cls(dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]),
-                   n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                   hidden_dim=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
-                   norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                   rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 500000.0))),
-                   context_length=int(cfg.get("max_position_embeddings", 2048))).checked()
-
-    def checked(self) -> ModelArgs:
-        if min(self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.hidden_dim,
-               self.vocab_size, self.context_length) <= 0:
-            raise MetadataError(f"model sizes must be positive: {self}")
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.head_dim % 2:
-            raise MetadataError(f"{self.n_heads} heads of an even size do not fit hidden size "
-                                f"{self.dim} and {self.n_kv_heads} kv heads")
-        return self
-
-
-class KVCache:
-    """Keys and values of every layer for the positions seen so far (preallocated)."""
-
-    def __init__(self, args: ModelArgs, max_len: int, dtype: type = np.float32):
-        shape = (args.n_layers, max_len, args.n_kv_heads, args.head_dim)
-        self.k = np.zeros(shape, dtype)  # [layers, max_len, kv_heads, head_dim]
-        self.v = np.zeros(shape, dtype)
-        self.length = 0
-        self.max_len = max_len
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes a decode step reads from the cache at its current length."""
-        return 2 * self.length * self.k[0, 0].nbytes * self.k.shape[0]
 
 
 @dataclass
@@ -178,8 +89,8 @@ class BitNet:
                 for n, e in zip(names, ends, strict=True)]
 
     def _norm_quant(self, x: np.ndarray, gain: np.ndarray) -> QuantizedActivations:
-        if activation_hook is not None:
-            return activation_hook(rms_norm(x, gain, self.args.norm_eps))
+        if base.activation_hook is not None:
+            return base.activation_hook(rms_norm(x, gain, self.args.norm_eps))
         return self.be.norm_quant(x, gain, self.args.norm_eps)
 
     def forward(self, tokens: Sequence[int], cache: KVCache, *,
@@ -211,10 +122,10 @@ class BitNet:
             h = h + self._linear(blk, "attn_output", o)
             f = self._norm_quant(h, blk.ffn_norm)
             gate, up = self._linears(blk, ("ffn_gate", "ffn_up"), f)  # [T, hidden_dim] each
-            if activation_hook is None:
+            if base.activation_hook is None:
                 g = self.be.glu_norm_quant(gate, up, blk.ffn_sub_norm, eps)
             else:
-                g = activation_hook(rms_norm(relu2_glu(gate, up), blk.ffn_sub_norm, eps))
+                g = base.activation_hook(rms_norm(relu2_glu(gate, up), blk.ffn_sub_norm, eps))
             h = h + self._linear(blk, "ffn_down", g)
         cache.length = start + T
         h = rms_norm(h if all_logits else h[-1:], self.norm, eps)

@@ -1,9 +1,9 @@
 """The ``cpu`` backend: numba kernels over the container bytes, on every core.
 
-Float32 throughout. BitLinear runs one kernel per container (:mod:`.cpu_kernels`,
-:mod:`.cpu_rans`) with int8 activations and int32 sums, reading the container's bytes on
+Float32 throughout. BitLinear runs one kernel per container (:mod:`.kernels`,
+:mod:`.rans`) with int8 activations and int32 sums, reading the container's bytes on
 every call; the kernel build (``vnni`` or ``portable``) is chosen once per process
-(:func:`~.cpu_kernels.kernel_mode`). Nothing is decoded ahead: the 2-bit, TQ and stfma bytes
+(:func:`~.kernels.kernel_mode`). Nothing is decoded ahead: the 2-bit, TQ and stfma bytes
 are copied as they are into one arena in the order a token reads them (:class:`WeightArena`:
 huge pages, one stream), so q, k and v (and gate and up) can run as one stacked matrix, and
 ``rans`` streams are read from the file mapping and decoded inside the mat-vec. Two sources
@@ -12,7 +12,7 @@ uint8 rows) and an i2_s matrix whose rows do not start on a 128-value block. Tho
 decoded once at load and repacked as stfma rows (2 bits a weight) for the 2-bit kernel. With
 ``validate`` (the default) every matrix is read once by its format's reader at load, so a
 code 3, a corrupt rans stream or a NaN scale fails there. RMSNorm, quantization, the FFN gate
-and one-token attention run as compiled steps too (:mod:`.cpu_ops`).
+and one-token attention run as compiled steps too (:mod:`.ops`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from ..constants import GGMLType
-from ..container import Model
-from ..errors import InvalidScaleError, MetadataError
-from ..formats import get_format
-from . import cpu_kernels as K
-from . import cpu_ops as ops
-from . import cpu_rans as KR
-from .backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
+from ...constants import GGMLType
+from ...errors import InvalidScaleError, MetadataError
+from ...formats import get_format
+from ...modelfile import Model
+from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
+from . import head as H
+from . import kernels as K
+from . import ops
+from . import rans as KR
 
 #: Matrices smaller than this run on the calling thread alone (see :meth:`CpuBackend._call`).
 SERIAL_BYTES = 512 << 10
@@ -183,7 +184,7 @@ class CpuBackend(Backend):
             self._E = self._embed_raw.view("<f4")
         elif et in (GGMLType.F16, GGMLType.BF16):
             self._E = self._embed_raw.view("<u2")
-            self._lut = None if vnni else K.lut16(et.name)
+            self._lut = None if vnni else H.lut16(et.name)
         else:
             self._E = None  # plain_array raises a clear error in lm_head
 
@@ -257,7 +258,7 @@ class CpuBackend(Backend):
         return CpuWeight(first.encoding, rows, first.cols, data, scale, first.layout,
                          first.kind)
 
-    # -- the model's small steps, compiled (cpu_ops) ----------------------------------------------
+    # -- the model's small steps, compiled (ops) ----------------------------------------------
     def norm_quant(self, x: np.ndarray, gain: np.ndarray, eps: float) -> QuantizedActivations:
         x = np.ascontiguousarray(x, dtype=np.float32)
         q, s = np.empty(x.shape, np.int8), np.empty(x.shape[0], np.float32)
@@ -271,7 +272,7 @@ class CpuBackend(Backend):
         return QuantizedActivations(q, s)
 
     def attend(self, q, k, v, kc, vc, start, cos, sin):
-        """One token: :func:`.cpu_ops.attend_one`. A prompt: the numpy attention of
+        """One token: :func:`.ops.attend_one`. A prompt: the numpy attention of
         :meth:`.Backend.attend` (BLAS matrix products), with BLAS held to this thread. Left to
         its own threads, OpenBLAS keeps them spinning for a while after each call, on the cores
         the numba kernels run on next: a 64-token prompt of 2B-4T took 1.9 s that way, 0.7 s
@@ -317,7 +318,7 @@ class CpuBackend(Backend):
 
     # -- BitLinear ------------------------------------------------------------------------------
     def _derived(self, qa: QuantizedActivations, key: str, width: int = 0) -> np.ndarray:
-        """Layouts of ``qa.q`` the kernels read, made once per activation (see cpu_kernels)."""
+        """Layouts of ``qa.q`` the kernels read, made once per activation (see kernels.py)."""
         full = f"{key}:{width}"
         if full not in qa.cache:
             if key == "sum":
@@ -388,11 +389,11 @@ class CpuBackend(Backend):
         out = np.empty((x.shape[0], self.vocab), dtype=np.float32)
         n = self._E.nbytes
         if self.embed_type == GGMLType.F32:
-            self._call(K.lm_head_f32, n, self._E, x, out)
+            self._call(H.lm_head_f32, n, self._E, x, out)
         elif self._lut is not None:
-            self._call(K.lm_head_lut, n, self._E, self._lut, x, out)
+            self._call(H.lm_head_lut, n, self._E, self._lut, x, out)
         elif self.embed_type == GGMLType.F16:
-            self._call(K.lm_head_f16, n, self._E, x, out)
+            self._call(H.lm_head_f16, n, self._E, x, out)
         else:
-            self._call(K.lm_head_bf16, n, self._E, x, out)
+            self._call(H.lm_head_bf16, n, self._E, x, out)
         return out

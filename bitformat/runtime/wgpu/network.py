@@ -1,6 +1,6 @@
 """The whole BitNet b1.58 forward pass on a wgpu device, one command buffer per token.
 
-The same graph as :class:`~.model.BitNet` (FORMATS.md 4.3), each step a kernel, every
+The same graph as :class:`~..models.bitnet.BitNet` (FORMATS.md 4.3), each step a kernel, every
 dispatch of a token recorded into one compute pass and submitted once::
 
     embed                         h = E[token]                          (the token's chunk)
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RequestError, UnsupportedConversionError
-from .model import ModelArgs
-from .wgpu_backend import WgpuBackend
-from .wgpu_device import UNIFORM_WORDS, Dispatch
+from ...errors import RequestError, UnsupportedConversionError
+from ..models.base import ModelArgs
+from .backend import WgpuBackend
+from .device import UNIFORM_WORDS, Dispatch
 
 
 class GpuKVCache:
@@ -80,7 +80,7 @@ class _Program:
 
 
 class WgpuBitNet:
-    """``forward(tokens, cache)`` -> logits like :class:`~.model.BitNet`, on the GPU.
+    """``forward(tokens, cache)`` -> logits like :class:`~..models.bitnet.BitNet`, on the GPU.
 
     ``forward_argmax`` returns the greedy next token id instead (4 bytes downloaded).
     ``trace = True`` records every activation quantization (:class:`TraceEntry`) into
@@ -92,7 +92,7 @@ class WgpuBitNet:
     def __init__(self, args: ModelArgs, backend: WgpuBackend, *, context: int | None = None):
         self.args, self.be, self.dev = args, backend, backend.dev
         a, dev = args, backend.dev
-        self.max_len = int(min(context or a.context_length, a.context_length))
+        self.max_len = int(min(context or backend.context or a.context_length, a.context_length))
         hd, kvd = a.head_dim, a.n_kv_heads * a.head_dim
         if hd > 256:
             raise UnsupportedConversionError(f"head_dim {hd} > 256 (attention.wgsl)")

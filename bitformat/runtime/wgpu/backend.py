@@ -10,8 +10,9 @@ int8 per token (the :func:`activation_block` layout, built on the GPU by
 Two ways to run a model:
 
 * :class:`WgpuBackend` implements the :class:`~.backend.Backend` protocol (``bitlinear``,
-  ``lm_head``, one submit each) so the numpy :class:`~.model.BitNet` can run on it, op by op;
-* :meth:`WgpuBackend.network` returns a :class:`~.wgpu_model.WgpuBitNet`, which runs the whole
+  ``lm_head``, one submit each) so the numpy
+  :class:`~..models.bitnet.BitNet` can run on it, op by op;
+* :class:`~.network.WgpuBitNet` (built by the loader over this backend), which runs the whole
   token on the GPU (one command buffer per token, KV cache on the GPU, argmax on the GPU).
 
 Tensors larger than the adapter's ``max_storage_buffer_binding_size`` are split by rows into
@@ -26,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import GGMLType
-from ..container import Model
-from ..errors import MetadataError, UnsupportedConversionError
-from ..formats import get_format
-from ..ternary import TernaryTensor
-from .backend import Backend, QuantizedActivations, ternary_source
-from .wgpu_device import UNIFORM_WORDS, Dispatch, GpuDevice
+from ...constants import GGMLType
+from ...errors import MetadataError, UnsupportedConversionError
+from ...formats import get_format
+from ...modelfile import Model
+from ...ternary import TernaryTensor
+from ..backend import Backend, QuantizedActivations, ternary_source
+from .device import UNIFORM_WORDS, Dispatch, GpuDevice
 
 QOFF = 256  # first word of the plain int8 activations in the activation block
 MAX_WIDTH = (UNIFORM_WORDS - QOFF) * 2  # 256 + NPAD/4 (plain) + NPAD/4 (slot16) <= 16384 words
@@ -157,9 +158,9 @@ class GpuRans:
 
     def __init__(self, dev: GpuDevice, name: str, raw: np.ndarray, rows: int, cols: int,
                  scale: float, xl: Any):
-        from ..codecs.rans_streams import RansTables
-        from ..formats import rans as R
-        from ..formats.rans_layout import Geometry
+        from ...codecs.rans_streams import RansTables
+        from ...formats import rans as R
+        from ...formats.rans_layout import Geometry
 
         self.dev, self.name, self.rows, self.cols, self.scale, self.xl = (
             dev, name, rows, cols, scale, xl)
@@ -293,12 +294,12 @@ class GpuEmbedding:
 
 # -- the backend -----------------------------------------------------------------------------------
 class WgpuBackend(Backend):
-    """Weights on a wgpu device; ``bitlinear`` / ``lm_head`` op by op, ``network`` for speed.
+    """Weights on a wgpu device; ``bitlinear`` / ``lm_head`` op by op (``WgpuBitNet`` for speed).
 
     ``validate`` reads every ternary matrix once with its format's reader at upload (the kernels
     trust the bytes: code 3, NaN scales or corrupt rANS streams fail there). ``context`` caps the
-    KV cache :meth:`network` allocates (default: the model's context length). ``lanes``,
-    ``max_binding`` and ``x_space`` go to :class:`~.wgpu_device.GpuDevice`.
+    KV cache the network allocates (default: the model's context length). ``lanes``,
+    ``max_binding`` and ``x_space`` go to :class:`~.device.GpuDevice`.
     """
 
     name = "wgpu"
@@ -403,9 +404,3 @@ class WgpuBackend(Backend):
             self.dev.run(self._head)
             out[t] = np.frombuffer(self.dev.read(self._logits, 4 * self.vocab), np.float32)
         return out
-
-    def network(self, args: Any) -> Any:
-        """The whole model on the GPU: a :class:`~.wgpu_model.WgpuBitNet` (uploads weights)."""
-        from .wgpu_model import WgpuBitNet
-
-        return WgpuBitNet(args, self, context=self.context)

@@ -1,5 +1,5 @@
 // matvec_common.wgsl: what the five row-format mat-vec kernels share. It is pasted into each of
-// them where they say `//#include matvec_common.wgsl` (bitformat/runtime/wgpu_device.py), so
+// them where they say `//#include matvec_common.wgsl` (bitformat/runtime/wgpu/device.py), so
 // the bindings it uses are declared, and documented, in the including file:
 //   X  the activation block (norm_quant.wgsl), P  the dispatch's Params, Y  the output.
 //

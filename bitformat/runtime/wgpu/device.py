@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GpuError, UnsupportedConversionError
+from ...errors import GpuError, UnsupportedConversionError
 
 #: ``BITFORMAT_REQUIRE_GPU=1`` turns "no adapter" into a test failure instead of a skip.
 ENV_REQUIRE = "BITFORMAT_REQUIRE_GPU"
@@ -75,7 +75,7 @@ def request_adapter() -> Any | None:
 
 def kernel_source(stem: str, variant: str = "uniform") -> str:
     """The WGSL text of ``kernels/<stem>.wgsl`` with includes pasted and X_* substituted."""
-    root = importlib.resources.files("bitformat.runtime") / "kernels"
+    root = importlib.resources.files("bitformat.runtime.wgpu") / "kernels"
     lines = []
     for line in (root / f"{stem}.wgsl").read_text().splitlines():
         if line.startswith("//#include "):

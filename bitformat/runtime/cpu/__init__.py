@@ -1,0 +1,3 @@
+"""The ``cpu`` backend: numba kernels over the container bytes (``backend.py``), by job:
+ternary mat-vecs and the LM head (``kernels.py``), rANS decoded in the mat-vec (``rans.py``),
+the small per-token steps (``ops.py``)."""
