@@ -12,65 +12,15 @@ stop tokens and timing; ``generate`` collects a whole answer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..errors import RequestError
-from .models import BitNet
+from .models import BitNet, Segment
+from .sampling import Sampler, SamplingParams, make_sampler
 
-Sampler = Callable[[np.ndarray], int]
-
-
-def make_sampler(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int | None = None) -> Sampler:
-    """``logits [vocab] -> token id``: greedy at temperature 0, else softmax sampling.
-
-    ``top_k`` keeps the k largest logits (0: all); ``top_p`` keeps the smallest set of tokens
-    whose probability reaches p (1.0: all). Ties in greedy decoding go to the lowest id.
-    """
-    if temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
-        raise RequestError(f"bad sampling parameters: temperature {temperature}"
-                                         f", top_k {top_k}, top_p {top_p}")
-    if temperature == 0:
-        def greedy(logits: np.ndarray) -> int:
-            return int(np.argmax(logits))
-
-        greedy.greedy = True  # generate_step may take the argmax on the device instead
-        return greedy
-    rng = np.random.default_rng(seed)
-
-    def sample(logits: np.ndarray) -> int:
-        z = logits.astype(np.float64) / temperature
-        if 0 < top_k < z.size:
-            kth = np.partition(z, -top_k)[-top_k]
-            z = np.where(z >= kth, z, -np.inf)
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        if top_p < 1.0:
-            order = np.argsort(-p, kind="stable")
-            keep = np.cumsum(p[order]) - p[order] < top_p  # the first token always stays
-            mask = np.zeros_like(p, dtype=bool)
-            mask[order[keep]] = True
-            p = np.where(mask, p, 0.0)
-            p /= p.sum()
-        return int(rng.choice(p.size, p=p))
-
-    return sample
-
-
-def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int],
-                             penalty: float) -> np.ndarray:
-    """CTRL / transformers penalty: seen tokens' logits divided by it if > 0, else multiplied."""
-    if penalty == 1.0 or not len(history):
-        return logits
-    ids = np.unique(np.asarray(history, dtype=np.int64))
-    out = logits.copy()
-    seen = out[ids]
-    out[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
-    return out
-
+__all__ = ["GenerationResponse", "GenerationResult", "GenerationStats", "collect", "generate",
+           "generate_step", "make_sampler", "stream_generate"]
 
 @dataclass
 class GenerationStats:
@@ -92,55 +42,42 @@ class GenerationStats:
 
 
 def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int = 256,
-                  sampler: Sampler | None = None, repetition_penalty: float = 1.0,
-                  repetition_context: int = 64, context: int | None = None,
+                  sampling: SamplingParams | None = None, context: int | None = None,
                   stats: GenerationStats | None = None) -> Iterator[int]:
     """Yield up to ``max_new_tokens`` sampled token ids after ``prompt``.
 
     The prompt runs as one batch; each next token is one decode step on the KV cache, done only
     when the consumer asks for it. ``context`` caps prompt + generated tokens (default: the
-    model's context length).
+    model's context length). Tokens are chosen as :mod:`.sampling` defines.
     """
-    sampler = sampler or make_sampler()
     limit = context or model.args.context_length
     if len(prompt) == 0:
         raise RequestError("the prompt is empty")
     if len(prompt) > limit:
         raise RequestError(f"the prompt has {len(prompt)} tokens, more than the "
-                                         f"context of {limit}")
+                           f"context of {limit}")
+    if max_new_tokens < 0:
+        raise RequestError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     max_new_tokens = min(max_new_tokens, limit - len(prompt))
     stats = stats if stats is not None else GenerationStats()
+    sampler = Sampler(sampling or SamplingParams(), history=list(prompt))
     cache = model.new_cache(len(prompt) + max_new_tokens)
-    history = list(prompt)
-    # greedy on a device with its own argmax (wgpu): 4 bytes back per token, no logits
-    on_device = (getattr(sampler, "greedy", False) and repetition_penalty == 1.0
-                 and hasattr(model, "forward_argmax"))
     t0 = time.perf_counter()
-    logits = next_token = None
-    if on_device:
-        next_token = model.forward_argmax(prompt, cache)
-    else:
-        logits = model.forward(prompt, cache)[-1]
     stats.prompt_tokens = len(prompt)
+    if max_new_tokens == 0:
+        return
+    token = model.decode([Segment(prompt, cache)], [sampler])[0]
     for i in range(max_new_tokens):
-        if on_device:
-            token = next_token
-        else:
-            window = history[-repetition_context:] if repetition_context else history
-            token = sampler(apply_repetition_penalty(logits, window, repetition_penalty))
         now = time.perf_counter()
         if i == 0:
             stats.prompt_seconds, t_first = now - t0, now
         else:
             stats.generation_seconds = now - t_first
         stats.generated_tokens = i + 1
-        history.append(token)
+        sampler.accept(token)
         yield token
         if i + 1 < max_new_tokens:
-            if on_device:
-                next_token = model.forward_argmax([token], cache)
-            else:
-                logits = model.forward([token], cache)[-1]
+            token = model.decode([Segment([token], cache)], [sampler])[0]
             stats.kv_bytes_last_token = cache.nbytes
 
 
@@ -164,14 +101,18 @@ class GenerationResult:
 
 def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-                    top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
-                    stop_ids: Sequence[int] | None = None, context: int | None = None,
-                    weight_bytes: int = 0) -> Iterator[GenerationResponse]:
+                    top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                    seed: int | None = None, stop_ids: Sequence[int] | None = None,
+                    context: int | None = None, weight_bytes: int = 0
+                    ) -> Iterator[GenerationResponse]:
     """Generate from text (needs ``tokenizer``) or token ids, yielding text as it forms.
 
     Stops at a stop token (default: the tokenizer's eos and eot ids; the stop token itself is
     not yielded as text) or after ``max_new_tokens``; the last response carries ``finish_reason``.
+    Sampling options are :class:`.sampling.SamplingParams`'.
     """
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repetition_penalty=repetition_penalty, seed=seed)
     if isinstance(prompt, str):
         if tokenizer is None:
             raise RequestError("this model has no tokenizer: pass token ids")
@@ -180,12 +121,10 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
         ids = [int(t) for t in prompt]
     stop = set(stop_ids if stop_ids is not None else (tokenizer.eos_ids if tokenizer else ()))
     stats = GenerationStats(weight_bytes_per_token=weight_bytes)
-    sampler = make_sampler(temperature, top_k, top_p, seed)
     out: list[int] = []
     shown = ""
-    for token in generate_step(model, ids, max_new_tokens=max_new_tokens, sampler=sampler,
-                               repetition_penalty=repetition_penalty, context=context,
-                               stats=stats):
+    for token in generate_step(model, ids, max_new_tokens=max_new_tokens, sampling=sampling,
+                               context=context, stats=stats):
         if token in stop:
             yield GenerationResponse("", token, "stop", stats)
             return

@@ -19,7 +19,7 @@ import pytest
 from bitformat.container import open_model
 from bitformat.errors import RequestError
 from bitformat.formats import FORMAT_IDS
-from bitformat.runtime import generate_step, make_sampler
+from bitformat.runtime import generate_step
 from bitformat.runtime.backend import QuantizedActivations, quantize_activations
 from bitformat.runtime.models import BitNet, ModelArgs
 from bitformat.runtime.models import base as model_mod
@@ -104,9 +104,9 @@ def test_logits_match_numpy(nets, fid, monkeypatch):
 def test_greedy_identical(nets, fid):
     c, net = nets[fid]
     ref = BitNet(net.args, NumpyBackend(c))
-    want = list(generate_step(ref, PROMPT, max_new_tokens=24, sampler=make_sampler()))
+    want = list(generate_step(ref, PROMPT, max_new_tokens=24))
     assert net.generate_greedy(PROMPT, 24) == want  # argmax on the GPU, 4 bytes a token
-    assert list(generate_step(net, PROMPT, max_new_tokens=8, sampler=make_sampler())) == want[:8]
+    assert list(generate_step(net, PROMPT, max_new_tokens=8)) == want[:8]
 
 
 def test_split_bindings_and_lanes_give_the_same_logits(tiny_all, nets, devices):
@@ -178,6 +178,5 @@ def test_loader_registration(tiny_all, adapter, monkeypatch):
     with loader.load(tiny_all["tq1_0"], backend="wgpu") as m:
         assert type(m.net).__name__ == "WgpuBitNet"
         assert m.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens == want
-        if getattr(make_sampler(), "greedy", False):  # generate_step takes the GPU argmax
-            monkeypatch.setattr(m.net, "forward", None)  # so logits are never downloaded
-            assert m.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens == want
+        monkeypatch.setattr(m.net, "forward", None)  # greedy takes the GPU argmax: no logits
+        assert m.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens == want

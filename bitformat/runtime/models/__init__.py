@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from .base import ARCHITECTURES, KVCache, ModelArgs
+from .base import ARCHITECTURES, KVCache, ModelArgs, Rows, Segment
 from .bitnet import INPUT_GROUPS, PROJECTIONS, BitNet
 
-__all__ = ["ARCHITECTURES", "INPUT_GROUPS", "PROJECTIONS", "BitNet", "KVCache", "ModelArgs"]
+__all__ = ["ARCHITECTURES", "INPUT_GROUPS", "PROJECTIONS", "BitNet", "KVCache", "ModelArgs", "Rows",
+           "Segment"]

@@ -3,14 +3,14 @@ activation hook tests use to record and inject the int8 activations of any famil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ...errors import MetadataError, UnsupportedConversionError
-from ..backend import QuantizedActivations
+from ...errors import MetadataError, RequestError, UnsupportedConversionError
+from ..backend import Backend, QuantizedActivations
 
 #: When set, every activation quantization of every model goes through it, in numpy:
 #: ``activation_hook(x) -> QuantizedActivations`` with ``x`` the RMSNorm output [T, n], four
@@ -105,3 +105,77 @@ class KVCache:
         return 2 * self.length * self.k[0, 0].nbytes * self.k.shape[0]
 
 
+
+
+@dataclass
+class Segment:
+    """One request's next tokens, to run after the positions its cache already holds."""
+
+    tokens: Sequence[int]
+    cache: KVCache
+
+
+@dataclass
+class Rows:
+    """The rows of one forward pass: every segment's tokens in turn, with their positions.
+
+    A prompt is one segment of many rows; a batched decode step is many segments of one row
+    each. Projections run on all rows at once; attention runs per segment on its own cache.
+    """
+
+    ids: np.ndarray  # int64 [n]
+    spans: list[tuple[slice, KVCache, int]]  # each segment's rows, cache and first position
+    cos: np.ndarray  # [n, head_dim / 2], RoPE at each row's position
+    sin: np.ndarray
+    last: np.ndarray  # the row index of each segment's last token
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def of(cls, segments: Sequence[Segment], args: ModelArgs, dtype: type,
+           inv_freq: np.ndarray) -> Rows:
+        """Check every segment (nothing changes if one is bad) and lay out their rows."""
+        if not segments:
+            raise RequestError("no tokens to run")
+        if len({id(s.cache) for s in segments}) != len(segments):
+            raise RequestError("two segments of one forward pass share a KV cache")
+        ids, spans, positions, at = [], [], [], 0
+        for seg in segments:
+            t = np.asarray(seg.tokens, dtype=np.int64).reshape(-1)
+            if t.size == 0:
+                raise RequestError("no tokens to run")
+            if t.min() < 0 or t.max() >= args.vocab_size:
+                bad = int(t[(t < 0) | (t >= args.vocab_size)][0])
+                raise RequestError(f"token id {bad} is outside the vocabulary "
+                                   f"(0..{args.vocab_size - 1})")
+            start = seg.cache.length
+            if start + t.size > seg.cache.max_len:
+                raise RequestError(f"{start + t.size} positions exceed the context of "
+                                   f"{seg.cache.max_len}")
+            ids.append(t)
+            spans.append((slice(at, at + t.size), seg.cache, start))
+            positions.append(np.arange(start, start + t.size, dtype=dtype))
+            at += t.size
+        angles = np.concatenate(positions)[:, None] * inv_freq.astype(dtype)  # as HF's float32
+        last = np.array([sl.stop - 1 for sl, _, _ in spans], dtype=np.int64)
+        return cls(np.concatenate(ids), spans, np.cos(angles), np.sin(angles), last)
+
+    def attend(self, be: Backend, layer: int, q: np.ndarray, k: np.ndarray,
+               v: np.ndarray) -> np.ndarray:
+        """RoPE, cache write and causal attention of layer ``layer``, segment by segment:
+        q [n, H, d], k/v [n, KV, d] -> [n, H * d]."""
+        if len(self.spans) == 1:
+            _, cache, start = self.spans[0]
+            return be.attend(q, k, v, cache.k[layer], cache.v[layer], start, self.cos, self.sin)
+        out = np.empty((self.n, q.shape[1] * q.shape[2]), q.dtype)
+        for sl, cache, start in self.spans:
+            out[sl] = be.attend(q[sl], k[sl], v[sl], cache.k[layer], cache.v[layer], start,
+                                self.cos[sl], self.sin[sl])
+        return out
+
+    def advance(self) -> None:
+        """Every cache now holds its segment's positions."""
+        for sl, cache, start in self.spans:
+            cache.length = start + (sl.stop - sl.start)

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import RequestError
 from ..backend import Backend, QuantizedActivations, relu2_glu, rms_norm
+from ..sampling import Sampler, pick_tokens
 from . import base
-from .base import KVCache, ModelArgs
+from .base import KVCache, ModelArgs, Rows, Segment
 
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 #: projections that read the same activations (a backend may run each group as one matrix)
@@ -96,37 +96,45 @@ class BitNet:
     def forward(self, tokens: Sequence[int], cache: KVCache, *,
                 all_logits: bool = False) -> np.ndarray:
         """Run ``tokens`` after the cache's positions; logits [T or 1, vocab] (last by default)."""
+        h = self.forward_hidden([Segment(tokens, cache)], all_positions=all_logits)
+        return self.be.lm_head(h)  # [T or 1, vocab]
+
+    def decode(self, segments: Sequence[Segment], samplers: Sequence[Sampler]) -> list[int]:
+        """Run each segment (one request's next tokens on its own cache) in one pass over the
+        weights, and choose each request's next token with its sampler."""
+        return self.select(self.forward_hidden(segments), samplers)
+
+    def select(self, h: np.ndarray, samplers: Sequence[Sampler]) -> list[int]:
+        """The token each row of final hidden states ``h`` [n, dim] leads to (the full head)."""
+        return pick_tokens(self.be.lm_head(h), samplers)
+
+    def forward_hidden(self, segments: Sequence[Segment], *,
+                       all_positions: bool = False) -> np.ndarray:
+        """The final-normed hidden states after running every segment: [segments, dim] (each
+        segment's last position), or [all rows, dim] with ``all_positions``.
+
+        The rows of all segments go through every projection together (one read of each
+        weight), each row quantized on its own, so a row's result does not depend on the
+        others; attention reads each segment's own cache.
+        """
         a = self.args
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        T, start = len(ids), cache.length
-        if T == 0:
-            raise RequestError("no tokens to run")
-        if ids.min() < 0 or ids.max() >= a.vocab_size:
-            bad = int(ids[(ids < 0) | (ids >= a.vocab_size)][0])
-            raise RequestError(f"token id {bad} is outside the vocabulary "
-                                             f"(0..{a.vocab_size - 1})")
-        if start + T > cache.max_len:
-            raise RequestError(f"{start + T} positions exceed the context of "
-                                             f"{cache.max_len}")
-        dt, eps, hd = self.be.dtype, a.norm_eps, a.head_dim
-        angles = np.arange(start, start + T, dtype=dt)[:, None] * self.inv_freq.astype(dt)
-        cos, sin = np.cos(angles), np.sin(angles)  # [T, hd/2], angles in dt as HF's float32
-        h = self.be.embed(ids)  # [T, dim]
+        rows = Rows.of(segments, a, self.be.dtype, self.inv_freq)
+        eps, hd, n = a.norm_eps, a.head_dim, rows.n
+        h = self.be.embed(rows.ids)  # [n, dim]
         for i, blk in enumerate(self.blocks):
             x = self._norm_quant(h, blk.attn_norm)
             q, k, v = self._linears(blk, ("attn_q", "attn_k", "attn_v"), x)
-            q = q.reshape(T, a.n_heads, hd)
-            k, v = k.reshape(T, a.n_kv_heads, hd), v.reshape(T, a.n_kv_heads, hd)
-            o = self.be.attend(q, k, v, cache.k[i], cache.v[i], start, cos, sin)  # [T, dim]
+            q = q.reshape(n, a.n_heads, hd)
+            k, v = k.reshape(n, a.n_kv_heads, hd), v.reshape(n, a.n_kv_heads, hd)
+            o = rows.attend(self.be, i, q, k, v)  # [n, dim]
             o = self._norm_quant(o, blk.attn_sub_norm)
             h = h + self._linear(blk, "attn_output", o)
             f = self._norm_quant(h, blk.ffn_norm)
-            gate, up = self._linears(blk, ("ffn_gate", "ffn_up"), f)  # [T, hidden_dim] each
+            gate, up = self._linears(blk, ("ffn_gate", "ffn_up"), f)  # [n, hidden_dim] each
             if base.activation_hook is None:
                 g = self.be.glu_norm_quant(gate, up, blk.ffn_sub_norm, eps)
             else:
                 g = base.activation_hook(rms_norm(relu2_glu(gate, up), blk.ffn_sub_norm, eps))
             h = h + self._linear(blk, "ffn_down", g)
-        cache.length = start + T
-        h = rms_norm(h if all_logits else h[-1:], self.norm, eps)
-        return self.be.lm_head(h)  # [T or 1, vocab]
+        rows.advance()
+        return rms_norm(h if all_positions else h[rows.last], self.norm, eps)

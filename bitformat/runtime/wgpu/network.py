@@ -35,6 +35,7 @@ import numpy as np
 
 from ...errors import RequestError, UnsupportedConversionError
 from ..models.base import ModelArgs
+from ..sampling import Sampler
 from .backend import WgpuBackend
 from .device import UNIFORM_WORDS, Dispatch
 
@@ -283,6 +284,16 @@ class WgpuBitNet:
         cache.length += ids.size
         self.last_step_seconds = time.perf_counter() - t0
         return token
+
+    def decode(self, segments: Sequence[Any], samplers: Sequence[Sampler]) -> list[int]:
+        """:meth:`~..models.bitnet.BitNet.decode` for one sequence (the GPU holds one KV cache).
+        Greedy choices without a repetition penalty take the argmax on the GPU: 4 bytes back."""
+        if len(segments) != 1:
+            raise RequestError("the wgpu backend runs one sequence at a time")
+        seg, sampler = segments[0], samplers[0]
+        if sampler.params.greedy and sampler.penalized_ids().size == 0:
+            return [self.forward_argmax(seg.tokens, seg.cache)]
+        return [sampler.pick(self.forward(seg.tokens, seg.cache)[-1])]
 
     def generate_greedy(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
         """Greedy tokens after ``prompt``, argmax on the GPU (the path generate_step can take)."""
