@@ -17,7 +17,6 @@ and one-token attention run as compiled steps too (:mod:`.ops`).
 
 from __future__ import annotations
 
-import mmap
 import time
 from dataclasses import dataclass
 
@@ -25,14 +24,20 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ...constants import GGMLType
-from ...errors import InvalidScaleError, MetadataError
+from ...errors import InvalidScaleError, MetadataError, RequestError
 from ...formats import get_format
+from ...formats import rans as R
+from ...mapping import drop_pages, file_mapping
 from ...modelfile import Model
 from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
 from . import head as H
 from . import kernels as K
 from . import ops
 from . import rans as KR
+
+#: How rans matrices run: decoded once at load into stfma rows in the arena (the 2-bit kernels,
+#: as fast as i2_s), or decoded inside every mat-vec from the file's words ("fused").
+DECODE_MODES = ("load", "fused")
 
 #: Matrices smaller than this run on the calling thread alone (see :meth:`CpuBackend._call`).
 SERIAL_BYTES = 512 << 10
@@ -66,19 +71,11 @@ def resident_copy(raw: np.ndarray, chunk: int = 32 << 20,
     cache), so the resident size does not count the tensor twice.
     """
     out = np.empty_like(raw) if out is None else out
-    mm = raw.base
-    while isinstance(mm, (np.ndarray, memoryview)):
-        mm = mm.base if isinstance(mm, np.ndarray) else mm.obj
-    if not (isinstance(mm, mmap.mmap) and hasattr(mm, "madvise") and memoryview(mm).readonly):
-        mm = None
-    start = raw.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data if mm else 0
     flat_in, flat_out = raw.reshape(-1), out.reshape(-1)
-    for i in range(0, flat_in.size, chunk):
-        flat_out[i: i + chunk] = flat_in[i: i + chunk]
-        lo = -(-(start + i) // mmap.PAGESIZE) * mmap.PAGESIZE
-        hi = (start + min(i + chunk, flat_in.size)) // mmap.PAGESIZE * mmap.PAGESIZE
-        if mm is not None and hi > lo:
-            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    step = chunk // max(raw.itemsize, 1)
+    for i in range(0, flat_in.size, step):
+        flat_out[i: i + step] = flat_in[i: i + step]
+        drop_pages(flat_in, i * raw.itemsize, min(i + step, flat_in.size) * raw.itemsize)
     out.setflags(write=False)
     return out
 
@@ -105,12 +102,16 @@ class WeightArena:
         self.used = 0
 
     def copy(self, raw: np.ndarray) -> np.ndarray:
-        n = raw.nbytes
+        return resident_copy(raw, out=self.take(raw.shape, raw.dtype))
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype = np.uint8) -> np.ndarray:
+        """The next slot, writable, for an array of ``shape`` (a new array if none is left)."""
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
         if self.buf is None or self.used + n > self.buf.size:
-            return resident_copy(raw)
-        out = self.buf[self.used: self.used + n].reshape(raw.shape)
+            return np.empty(shape, dtype)
+        out = self.buf[self.used: self.used + n].view(dtype).reshape(shape)
         self.used += -(-n // self.ALIGN) * self.ALIGN
-        return resident_copy(raw, out=out)
+        return out
 
 
 class ThreadPicker:
@@ -154,11 +155,15 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self, model: Model, *, i2s_variant: str = "x86", threads: int | None = None,
-                 kernel: str | None = None, validate: bool = True):
+                 kernel: str | None = None, validate: bool = True, decode: str = "load"):
         import numba
 
+        if decode not in DECODE_MODES:
+            raise RequestError(f"decode must be {' or '.join(DECODE_MODES)}, got "
+                               f"{decode!r:.20}")
         super().__init__(model, dtype=np.float32, i2s_variant=i2s_variant)
         self.validate = validate
+        self.decode = decode
         self._set_threads = numba.set_num_threads
         limit = numba.config.NUMBA_NUM_THREADS
         self.threads = max(1, min(int(threads), limit)) if threads else limit
@@ -174,10 +179,11 @@ class CpuBackend(Backend):
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         self._blas = ThreadpoolController()
-        self._arena = WeightArena(sum(-(-e.nbytes // WeightArena.ALIGN) * WeightArena.ALIGN
-                                      for e in model.entries if e.encoding in ROW_FORMATS))
+        self._arena = WeightArena(sum(-(-n // WeightArena.ALIGN) * WeightArena.ALIGN
+                                      for n in self._arena_bytes()))
         et = self.embed_type
-        if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) and file_mapping(
+                self._embed_raw) is not None:  # (a coded head was decoded into memory already)
             self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
         self._lut = None
         if et == GGMLType.F32:
@@ -188,9 +194,35 @@ class CpuBackend(Backend):
         else:
             self._E = None  # plain_array raises a clear error in lm_head
 
+    def _arena_bytes(self) -> list[int]:
+        """What each ternary matrix takes in the arena: its container bytes, or for rans
+        decoded at load its stfma rows."""
+        out = []
+        for e in self.model.entries:
+            if e.encoding in ROW_FORMATS:
+                out.append(e.nbytes)
+            elif e.encoding == "rans" and self.decode == "load":
+                out.append(e.shape[0] * KR.stfma_row_bytes(e.shape[1]))
+        return out
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes a decode step reads: every ternary matrix as this backend holds it (rans
+        decoded at load: its stfma rows), the LM head as f16/bf16/f32 (a coded head is
+        decoded at load), the norms."""
+        total = 0
+        for e in self.model.entries:
+            if e.encoding == "rans" and self.decode == "load":
+                total += e.shape[0] * KR.stfma_row_bytes(e.shape[1])
+            else:
+                total += e.plain_nbytes if not e.ternary else e.nbytes
+        return total
+
     # -- weights ------------------------------------------------------------------------------
     def weight(self, name: str) -> CpuWeight | KR.RansWeight:
         if self.model.entry(name).encoding == "rans":
+            if self.decode == "load":
+                return self._decoded_rans(name)
             return self._rans_weight(name)
         src = ternary_source(self.model, name, self.i2s_variant)
         if src is None or src.row_bytes is None:
@@ -218,6 +250,29 @@ class CpuBackend(Backend):
             if not np.isfinite(scale):
                 raise InvalidScaleError(f"scale is {scale}", path=self.model.path, tensor=name)
         return KR.rans_weight(self.model.plain(name)[1], rows, cols, scale, name, self._colsets)
+
+    def _decoded_rans(self, name: str) -> CpuWeight:
+        """A rans matrix decoded once into stfma rows in the arena (``decode="load"``): the
+        format's checks (the CRC-32 when validating) and the streams' own (end state, padding)
+        as it is decoded; the mapped words are then dropped from this process's memory."""
+        rows, cols = self.model.entry(name).shape
+        scale = self.model.get(f"bitformat.tensor.{name}.scale")
+        if not isinstance(scale, float):
+            raise MetadataError("missing its per-tensor scale", path=self.model.path,
+                                tensor=name)
+        raw = self.model.plain(name)[1]
+        w = KR.rans_weight(raw, rows, cols, scale, name, self._colsets,
+                           check_crc=self.validate, path=self.model.path)
+        data = self._arena.take((rows, KR.stfma_row_bytes(cols)))
+        status = KR.decode_to_rows(w, data)
+        if status.any():
+            p = R.parse(raw, rows, cols, scale=scale, path=self.model.path, name=name,
+                        check_crc=False)
+            raise p.corrupt_stream(int(np.flatnonzero(status)[0]))
+        data.setflags(write=False)
+        drop_pages(raw)
+        return CpuWeight("stfma", rows, cols, data, np.full(rows, w.scale, np.float32),
+                         "plain", K.KIND_LOW)
 
     def _repacked_weight(self, name: str, src: TernarySource | None) -> CpuWeight:
         """Matrices without row-readable bytes (module docstring), decoded once and repacked.

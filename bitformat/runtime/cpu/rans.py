@@ -43,9 +43,7 @@ from numba.extending import intrinsic
 from ...codecs import rans_tables as rt
 from ...codecs.rans_kernels import _init_state
 from ...codecs.rans_streams import RansTables
-from ...errors import FormatError
 from ...formats import rans as R
-from ...formats.rans_layout import Geometry
 
 _U = np.uint64
 _MASK = _U((1 << 24) - 1)
@@ -98,61 +96,28 @@ def decode_tables(tables: RansTables) -> np.ndarray:
 
 
 def rans_weight(raw: np.ndarray, rows: int, cols: int, scale: float, name: str,
-                colsets: dict[bytes, int]) -> RansWeight:
+                colsets: dict[bytes, int], *, check_crc: bool = False,
+                path: str | None = None) -> RansWeight:
     """Parse a rans tensor's bytes into kernel arrays (no stream is decoded).
 
-    The checks here are the ones the kernels' indexing relies on (the format's reader checks
-    the rest, and decodes every stream, when the backend validates at load). ``colsets``
-    numbers the distinct live-column sets (shared by the matrices of one backend).
+    Every field is checked by the format's parser (:func:`bitformat.formats.rans.parse`; the
+    CRC-32 only with ``check_crc``); the streams' contents are checked by whoever decodes
+    them. ``colsets`` numbers the distinct live-column sets (shared by the matrices of one
+    backend).
     """
+    p = R.parse(raw, rows, cols, scale=scale, path=path, name=name, check_crc=check_crc)
     if raw.ctypes.data % 4:
         raw = raw.copy()
-    data = raw.view("<u4")
-
-    def bad(msg: str) -> FormatError:
-        return FormatError(f"rans: {msg}", tensor=name)
-
-    if data.size < R.HEADER_WORDS:
-        raise bad("shorter than its header")
-    h = [int(v) for v in data[:R.HEADER_WORDS]]
-    _, _, vg, hrows, hcols, n_live, n_cols, n_tab, k, p, n_streams, n_words = h
-    group = (vg >> 8) & 0xFF
-    if (vg & 0xFF != R.VERSION or group not in R.GROUPS or (hrows, hcols) != (rows, cols)
-            or not 1 <= n_tab <= R.MAX_TABLES):
-        raise bad(f"header does not describe a {rows}x{cols} matrix of a known version")
-    sizes = R.section_words(rows, cols, min(n_live, rows), n_tab, n_streams, n_words)
-    if data.size != sum(sizes.values()):
-        raise bad("its size does not match its header")
-    at, pos = {}, 0
-    for key, size in sizes.items():
-        at[key] = data[pos:pos + size]
-        pos += size
-    live_r = np.unpackbits(at["dead_rows"].view(np.uint8), bitorder="little")[:rows] == 0
-    live_c = np.unpackbits(at["dead_cols"].view(np.uint8), bitorder="little")[:cols] == 0
-    geom = Geometry(n_live, n_cols, max(k, 1), max(p, 1))
-    if (int(live_r.sum()), int(live_c.sum())) != (n_live, n_cols) or (
-            geom.n_streams != n_streams) or k < 1 or p < 1 or (n_live > 0) != (n_cols > 0):
-        raise bad("live rows/columns, maps and stream geometry disagree")
-    units = np.stack([at["tables"][0::2] & 0xFFFF, at["tables"][0::2] >> 16,
-                      at["tables"][1::2]], axis=1).astype(np.int64)
-    if np.any(units.min(axis=1) < 1) or np.any(units.sum(axis=1) != rt.UNITS):
-        raise bad("a frequency table is not three units >= 1 summing to 4096")
-    cls = (R._unpack(at["classes"], 4)[:n_live] if n_tab > 1
-           else np.zeros(n_live, np.int64)).astype(np.uint8)
-    counts = R._unpack(at["counts"], 16)[:n_streams].astype(np.int64)
-    if (n_live and int(cls.max()) >= n_tab) or int(counts.sum()) != n_words:
-        raise bad("a row class or the stream word counts are out of range")
-    word_off = np.full(n_streams + 1, pos - n_words, np.int64)  # the stream section's start
-    word_off[1:] += np.cumsum(counts)
-    lcols = np.flatnonzero(live_c).astype(np.int64) if n_cols < cols else np.zeros(0, np.int64)
+    data = raw.reshape(-1).view("<u4")
+    geom, group = p.geometry, p.group
+    n_cols = geom.live_cols
+    lcols = p.live_cols if n_cols < cols else np.zeros(0, np.int64)
     colset = colsets.setdefault(lcols.tobytes(), len(colsets))
-    cuts = geom.cuts() if n_live else np.zeros(2, np.int64)
-    return RansWeight(rows, cols, data, word_off,
-                      np.flatnonzero(live_r).astype(np.int32), lcols, n_cols, colset,
-                      geom.rows_per_stream,
-                      geom.pieces, -(-cuts // group), group, cls,
-                      decode_tables(RansTables.from_stored(R.GROUPS[group], units)),
-                      np.float32(scale))
+    cuts = geom.cuts() if geom.live_rows else np.zeros(2, np.int64)
+    return RansWeight(rows, cols, data, p.word_off + p.stream_start,
+                      p.live_rows.astype(np.int32), lcols, n_cols, colset,
+                      max(geom.rows_per_stream, 1), max(geom.pieces, 1), -(-cuts // group),
+                      group, p.classes, decode_tables(p.tables), np.float32(scale))
 
 
 # -- activations --------------------------------------------------------------------------------
@@ -396,3 +361,175 @@ def rans_mm(words, word_off, lrows, k, p, m0, cls, dec, digits, XL, s, ws, out):
 def symbol_digits(group: int) -> np.ndarray:
     """int8 [A, group]: the trits of each symbol."""
     return rt.GROUP5_TRITS if group == 5 else np.array([[-1], [0], [1]], np.int8)
+
+
+# -- decoding at load: the streams once, into 2-bit rows ------------------------------------------
+#: stfma codes of each 5-trit symbol: trit d (column order) as code trit + 1 at bits 2d
+CODES10 = ((rt.GROUP5_TRITS.astype(np.uint32) + 1) << (2 * np.arange(5, dtype=np.uint32))
+           ).sum(axis=1).astype(np.uint32)
+PAD_WORD = 0x55555555  # sixteen codes 1 (trit 0): stfma's row padding
+
+
+def stfma_row_bytes(cols: int) -> int:
+    """Bytes of one stfma row: 16 codes per u32."""
+    return -(-cols // 16) * 4
+
+
+def decode_to_rows(w: RansWeight, out: np.ndarray) -> np.ndarray:
+    """Decode every stream of ``w`` once into ``out`` (uint8 ``[rows, stfma_row_bytes]``,
+    C-contiguous): the stfma layout, dead rows and columns as trit 0, so the 2-bit kernels read
+    it like any stfma matrix. Returns the per-stream status (uint8, 0: the stream ended in
+    state 0 with every word read, its last word was not 0 and its padding trits were 0)."""
+    rows, width = out.shape
+    out[...] = 0x55
+    n_sym = int(w.m0[-1]) if w.lrows.size else 0
+    status = np.zeros(w.word_off.size - 1, np.uint8)
+    if not w.lrows.size:
+        return status
+    mapped = w.lcols.size > 0 or w.group != 5
+    colpos = np.full(width * 4, n_sym * w.group, np.int32)  # default: the sentinel code 1
+    if w.lcols.size:
+        colpos[w.lcols] = np.arange(w.lcols.size, dtype=np.int32)
+    else:
+        colpos[:w.cols] = np.arange(w.cols, dtype=np.int32)
+    rans_rows(w.data, w.word_off, w.lrows, w.k, w.p, w.m0, w.cls, w.dec, w.group,
+              w.n_live_cols, colpos, mapped, CODES10, symbol_digits(w.group), out,
+              out.view(np.uint32), status)
+    return status
+
+
+@njit(inline="always")
+def _ended(state, pos, lo, words, word_off, i):
+    """1 unless stream i ended in state 0 with every word read and its last word is not 0."""
+    hi = word_off[i + 1]
+    bad_start = hi > word_off[i] and words[hi - 1] == 0
+    return np.uint8(0 if (state == 0 and pos == lo and not bad_start) else 1)
+
+
+@njit(inline="always")
+def _emit(sym, n_sym, group, n_live, mapped, colpos, codes10, digits, live, out8, out32, row):
+    """One live row's symbols -> its 2-bit codes in ``out`` (row ``row``); 1 if a padding
+    trit of the last symbol is not zero."""
+    if not mapped:  # group 5, every column live: 10 bits a symbol, straight into u32 words
+        width = out32.shape[1]
+        acc = _U(0)
+        nb = _U(0)
+        w = 0
+        for m in range(n_sym):
+            acc |= _U(codes10[sym[np.uintp(m)]]) << nb
+            nb += _U(10)
+            if nb >= _U(32):
+                if w < width:
+                    out32[row, w] = np.uint32(acc & _U(0xFFFFFFFF))
+                w += 1
+                acc >>= _U(32)
+                nb -= _U(32)
+        if w < width:
+            out32[row, w] = np.uint32((acc & ((_U(1) << nb) - _U(1)))
+                                      | ((_U(PAD_WORD) << nb) & _U(0xFFFFFFFF)))
+        last = sym[np.uintp(n_sym - 1)]
+        for d in range(n_live - 5 * (n_sym - 1), 5):
+            if digits[last, d] != 0:
+                return 1
+        return 0
+    for m in range(n_sym):
+        x = sym[np.uintp(m)]
+        for d in range(group):
+            live[m * group + d] = np.uint8(digits[x, d] + 1)
+    for c in range(n_live, n_sym * group):
+        if live[c] != 1:
+            return 1
+    live[n_sym * group] = 1  # what dead and padding columns read
+    for b in range(out8.shape[1]):
+        c = 4 * b
+        out8[row, b] = (live[colpos[c]] | (live[colpos[c + 1]] << 2)
+                        | (live[colpos[c + 2]] << 4) | (live[colpos[c + 3]] << 6))
+    return 0
+
+
+@njit(inline="always")
+def _rows_lanes(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos, mapped,
+                codes10, digits, out8, out32, status, g0, sym, live):
+    """LANES full row groups g0.. in lock-step (as :func:`_lanes`), symbols to ``sym``."""
+    for ri in range(k):
+        r = g0 * k + ri
+        d0, d1, d2, d3 = dec[cls[r]], dec[cls[r + k]], dec[cls[r + 2 * k]], dec[cls[r + 3 * k]]
+        d4, d5 = dec[cls[r + 4 * k]], dec[cls[r + 5 * k]]
+        d6, d7 = dec[cls[r + 6 * k]], dec[cls[r + 7 * k]]
+        for j in range(p):
+            i = g0 * p + j
+            if ri == 0:  # p > 1 means k == 1: every piece is a stream of its own
+                s0, p0, l0 = _start(words, word_off, i)
+                s1, p1, l1 = _start(words, word_off, i + p)
+                s2, p2, l2 = _start(words, word_off, i + 2 * p)
+                s3, p3, l3 = _start(words, word_off, i + 3 * p)
+                s4, p4, l4 = _start(words, word_off, i + 4 * p)
+                s5, p5, l5 = _start(words, word_off, i + 5 * p)
+                s6, p6, l6 = _start(words, word_off, i + 6 * p)
+                s7, p7, l7 = _start(words, word_off, i + 7 * p)
+            for mi in range(m0[j], m0[j + 1]):
+                m = np.uintp(mi)
+                sym[0, m], s0, p0 = _step(s0, p0, l0, words, d0)
+                sym[1, m], s1, p1 = _step(s1, p1, l1, words, d1)
+                sym[2, m], s2, p2 = _step(s2, p2, l2, words, d2)
+                sym[3, m], s3, p3 = _step(s3, p3, l3, words, d3)
+                sym[4, m], s4, p4 = _step(s4, p4, l4, words, d4)
+                sym[5, m], s5, p5 = _step(s5, p5, l5, words, d5)
+                sym[6, m], s6, p6 = _step(s6, p6, l6, words, d6)
+                sym[7, m], s7, p7 = _step(s7, p7, l7, words, d7)
+            if ri == k - 1:  # the streams end here
+                status[i] = _ended(s0, p0, l0, words, word_off, i)
+                status[i + p] = _ended(s1, p1, l1, words, word_off, i + p)
+                status[i + 2 * p] = _ended(s2, p2, l2, words, word_off, i + 2 * p)
+                status[i + 3 * p] = _ended(s3, p3, l3, words, word_off, i + 3 * p)
+                status[i + 4 * p] = _ended(s4, p4, l4, words, word_off, i + 4 * p)
+                status[i + 5 * p] = _ended(s5, p5, l5, words, word_off, i + 5 * p)
+                status[i + 6 * p] = _ended(s6, p6, l6, words, word_off, i + 6 * p)
+                status[i + 7 * p] = _ended(s7, p7, l7, words, word_off, i + 7 * p)
+        n_sym = m0[p]
+        for lane in range(LANES):
+            if _emit(sym[lane], n_sym, group, n_live, mapped, colpos, codes10, digits, live,
+                     out8, out32, lrows[r + lane * k]):
+                status[(g0 + lane) * p + p - 1] = 1  # the row's last piece holds its padding
+
+
+@njit(inline="always")
+def _rows_one(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos, mapped,
+              codes10, digits, out8, out32, status, g, sym, live):
+    """Row group g alone (the groups left over from the lock-step blocks)."""
+    r1 = min(lrows.shape[0], g * k + k)
+    for r in range(g * k, r1):
+        d = dec[cls[r]]
+        for j in range(p):
+            i = g * p + j
+            if r == g * k:
+                st, pos, lo = _start(words, word_off, i)
+            for mi in range(m0[j], m0[j + 1]):
+                m = np.uintp(mi)
+                sym[0, m], st, pos = _step(st, pos, lo, words, d)
+            if r == r1 - 1:
+                status[i] = _ended(st, pos, lo, words, word_off, i)
+        if _emit(sym[0], m0[p], group, n_live, mapped, colpos, codes10, digits, live, out8,
+                 out32, lrows[r]):
+            status[g * p + p - 1] = 1
+
+
+@njit(parallel=True, **_JIT)
+def rans_rows(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos, mapped,
+              codes10, digits, out8, out32, status):
+    """Decode every stream into the 2-bit rows ``out8`` / ``out32`` (two views of one
+    uint8 ``[rows, W * 4]`` array, prefilled with code 1); per-stream ``status``."""
+    n_rows = lrows.shape[0]
+    n_groups = (n_rows + k - 1) // k
+    blocks = (n_rows // k) // LANES
+    n_sym = m0[p]
+    for b in prange(blocks + n_groups - blocks * LANES):
+        sym = np.empty((LANES, n_sym), np.uint8)
+        live = np.empty(n_sym * group + 1, np.uint8)
+        if b < blocks:
+            _rows_lanes(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos,
+                        mapped, codes10, digits, out8, out32, status, b * LANES, sym, live)
+        else:
+            _rows_one(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos,
+                      mapped, codes10, digits, out8, out32, status, blocks * LANES + b - blocks,
+                      sym, live)
