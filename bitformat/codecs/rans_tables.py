@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from fractions import Fraction
 
 import numpy as np
 
@@ -75,12 +74,22 @@ def apportion(weights: Sequence[int], units: int = UNITS, total: int | None = No
             q[i] += 1
         left -= min(left, len(order))
     while left < 0:
-        i = min((i for i in range(n) if q[i] > 1), key=lambda i: (Fraction(w[i], q[i]), i))
+        i = _least_weight_per_unit(w, q)
         q[i] -= 1
         left += 1
     if left != 0:  # only if total < sum(weights), which callers never pass
         raise ValueError("weights exceed the stated total")
     return np.array(q, dtype=np.int64)
+
+
+def _least_weight_per_unit(w: list[int], q: list[int]) -> int:
+    """The index i with q[i] > 1 of the least w[i] / q[i] (lowest index on ties), compared
+    exactly by cross-multiplying Python ints (as Fractions would, without building them)."""
+    best = -1
+    for i, (wi, qi) in enumerate(zip(w, q, strict=True)):
+        if qi > 1 and (best < 0 or wi * q[best] < w[best] * qi):
+            best = i
+    return best
 
 
 def trit_units(counts: Sequence[int]) -> np.ndarray:

@@ -88,11 +88,14 @@ class RansWeight:
 
 def decode_tables(tables: RansTables) -> np.ndarray:
     """uint32 [T, 4096]: ``sym | f_u << 8 | (slot - cdf_u) << 20`` for every slot."""
-    sym = tables.luts.astype(np.int64)
-    fu = np.take_along_axis(tables.freqs.astype(np.int64), sym, axis=1) >> rt.UNIT_SHIFT
-    cu = np.take_along_axis(tables.cdfs.astype(np.int64), sym, axis=1) >> rt.UNIT_SHIFT
-    off = np.arange(rt.UNITS)[None, :] - cu
-    return (sym | fu << 8 | off << 20).astype(np.uint32)
+    units = tables.units.astype(np.int64)
+    cdf = np.cumsum(units, axis=1) - units
+    slots = np.arange(rt.UNITS, dtype=np.int64)
+    out = np.empty((units.shape[0], rt.UNITS), np.uint32)
+    for t in range(units.shape[0]):
+        sym = np.repeat(np.arange(units.shape[1], dtype=np.int64), units[t])
+        out[t] = sym | units[t][sym] << 8 | (slots - cdf[t][sym]) << 20
+    return out
 
 
 def rans_weight(raw: np.ndarray, rows: int, cols: int, scale: float, name: str,
@@ -381,21 +384,40 @@ def decode_to_rows(w: RansWeight, out: np.ndarray) -> np.ndarray:
     it like any stfma matrix. Returns the per-stream status (uint8, 0: the stream ended in
     state 0 with every word read, its last word was not 0 and its padding trits were 0)."""
     rows, width = out.shape
-    out[...] = 0x55
-    n_sym = int(w.m0[-1]) if w.lrows.size else 0
+    dead = np.ones(rows, bool)
+    dead[w.lrows] = False
+    out[dead] = 0x55
     status = np.zeros(w.word_off.size - 1, np.uint8)
     if not w.lrows.size:
         return status
-    mapped = w.lcols.size > 0 or w.group != 5
-    colpos = np.full(width * 4, n_sym * w.group, np.int32)  # default: the sentinel code 1
-    if w.lcols.size:
-        colpos[w.lcols] = np.arange(w.lcols.size, dtype=np.int32)
+    n_sym = int(w.m0[-1])
+    if w.group != 5:
+        mode = GATHER
     else:
-        colpos[:w.cols] = np.arange(w.cols, dtype=np.int32)
+        mode = RUNS if w.lcols.size else STRAIGHT
+    colpos = np.zeros(1, np.int32)
+    if mode == GATHER:
+        colpos = np.full(width * 4, n_sym * w.group, np.int32)  # default: the sentinel code 1
+        live = w.lcols if w.lcols.size else np.arange(w.cols)
+        colpos[live] = np.arange(live.size, dtype=np.int32)
     rans_rows(w.data, w.word_off, w.lrows, w.k, w.p, w.m0, w.cls, w.dec, w.group,
-              w.n_live_cols, colpos, mapped, CODES10, symbol_digits(w.group), out,
-              out.view(np.uint32), status)
+              w.n_live_cols, mode, colpos, live_runs(w.lcols), CODES10,
+              symbol_digits(w.group), out, out.view(np.uint32), status)
     return status
+
+
+def live_runs(lcols: np.ndarray) -> np.ndarray:
+    """int64 ``[R, 3]``: (first column, first live index, length) of each run of consecutive
+    live columns."""
+    if not lcols.size:
+        return np.zeros((0, 3), np.int64)
+    brk = np.flatnonzero(np.diff(lcols) != 1) + 1
+    starts = np.concatenate([[0], brk])
+    ends = np.concatenate([brk, [lcols.size]])
+    return np.stack([lcols[starts], starts, ends - starts], axis=1).astype(np.int64)
+
+
+STRAIGHT, RUNS, GATHER = 0, 1, 2  # how a decoded row reaches its columns (decode_to_rows)
 
 
 @njit(inline="always")
@@ -407,30 +429,67 @@ def _ended(state, pos, lo, words, word_off, i):
 
 
 @njit(inline="always")
-def _emit(sym, n_sym, group, n_live, mapped, colpos, codes10, digits, live, out8, out32, row):
-    """One live row's symbols -> its 2-bit codes in ``out`` (row ``row``); 1 if a padding
+def _pack10(sym, n_sym, codes10, dst, width):
+    """The codes of ``n_sym`` 5-trit symbols as a 2-bit stream (10 bits a symbol) in the first
+    ``width`` words of ``dst``; the last word is completed with code 1."""
+    acc = _U(0)
+    nb = _U(0)
+    w = 0
+    for m in range(n_sym):
+        acc |= _U(codes10[sym[np.uintp(m)]]) << nb
+        nb += _U(10)
+        if nb >= _U(32):
+            if w < width:
+                dst[w] = np.uint32(acc & _U(0xFFFFFFFF))
+            w += 1
+            acc >>= _U(32)
+            nb -= _U(32)
+    if w < width:
+        dst[w] = np.uint32((acc & ((_U(1) << nb) - _U(1))) | ((_U(PAD_WORD) << nb)
+                                                              & _U(0xFFFFFFFF)))
+        w += 1
+    while w < width:
+        dst[w] = np.uint32(PAD_WORD)
+        w += 1
+
+
+@njit(inline="always")
+def _copy_bits(src, s_bit, dst, d_bit, n_bits):
+    """Bits ``s_bit ..`` of the little-endian bit stream ``src`` (with a spare word at its
+    end) over bits ``d_bit ..`` of ``dst``, ``n_bits`` of them."""
+    while n_bits > 0:
+        dsh = d_bit & 31
+        m = min(n_bits, 32 - dsh)
+        sw = s_bit >> 5
+        x = ((_U(src[sw]) | (_U(src[sw + 1]) << _U(32))) >> _U(s_bit & 31)) \
+            & ((_U(1) << _U(m)) - _U(1))
+        mask = ((_U(1) << _U(m)) - _U(1)) << _U(dsh)
+        dw = d_bit >> 5
+        dst[dw] = np.uint32((_U(dst[dw]) & ~mask) | (x << _U(dsh)))
+        s_bit += m
+        d_bit += m
+        n_bits -= m
+
+
+@njit(inline="always")
+def _emit(sym, n_sym, group, n_live, mode, colpos, runs, codes10, digits, live, lbits, out8,
+          out32, row):
+    """One live row's symbols -> its 2-bit codes in row ``row`` of ``out``; 1 if a padding
     trit of the last symbol is not zero."""
-    if not mapped:  # group 5, every column live: 10 bits a symbol, straight into u32 words
-        width = out32.shape[1]
-        acc = _U(0)
-        nb = _U(0)
-        w = 0
-        for m in range(n_sym):
-            acc |= _U(codes10[sym[np.uintp(m)]]) << nb
-            nb += _U(10)
-            if nb >= _U(32):
-                if w < width:
-                    out32[row, w] = np.uint32(acc & _U(0xFFFFFFFF))
-                w += 1
-                acc >>= _U(32)
-                nb -= _U(32)
-        if w < width:
-            out32[row, w] = np.uint32((acc & ((_U(1) << nb) - _U(1)))
-                                      | ((_U(PAD_WORD) << nb) & _U(0xFFFFFFFF)))
+    if mode != GATHER:
         last = sym[np.uintp(n_sym - 1)]
         for d in range(n_live - 5 * (n_sym - 1), 5):
             if digits[last, d] != 0:
                 return 1
+        if mode == STRAIGHT:  # every column live: 10 bits a symbol, straight into the row
+            _pack10(sym, n_sym, codes10, out32[row], out32.shape[1])
+            return 0
+        _pack10(sym, n_sym, codes10, lbits, lbits.shape[0] - 1)  # the live columns' codes
+        dst = out32[row]
+        for w in range(dst.shape[0]):
+            dst[w] = np.uint32(PAD_WORD)
+        for r in range(runs.shape[0]):  # each run of live columns into its place
+            _copy_bits(lbits, 2 * runs[r, 1], dst, 2 * runs[r, 0], 2 * runs[r, 2])
         return 0
     for m in range(n_sym):
         x = sym[np.uintp(m)]
@@ -448,8 +507,8 @@ def _emit(sym, n_sym, group, n_live, mapped, colpos, codes10, digits, live, out8
 
 
 @njit(inline="always")
-def _rows_lanes(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos, mapped,
-                codes10, digits, out8, out32, status, g0, sym, live):
+def _rows_lanes(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, mode, colpos, runs,
+                codes10, digits, out8, out32, status, g0, sym, live, lbits):
     """LANES full row groups g0.. in lock-step (as :func:`_lanes`), symbols to ``sym``."""
     for ri in range(k):
         r = g0 * k + ri
@@ -488,14 +547,14 @@ def _rows_lanes(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpo
                 status[i + 7 * p] = _ended(s7, p7, l7, words, word_off, i + 7 * p)
         n_sym = m0[p]
         for lane in range(LANES):
-            if _emit(sym[lane], n_sym, group, n_live, mapped, colpos, codes10, digits, live,
-                     out8, out32, lrows[r + lane * k]):
+            if _emit(sym[lane], n_sym, group, n_live, mode, colpos, runs, codes10, digits,
+                     live, lbits, out8, out32, lrows[r + lane * k]):
                 status[(g0 + lane) * p + p - 1] = 1  # the row's last piece holds its padding
 
 
 @njit(inline="always")
-def _rows_one(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos, mapped,
-              codes10, digits, out8, out32, status, g, sym, live):
+def _rows_one(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, mode, colpos, runs,
+              codes10, digits, out8, out32, status, g, sym, live, lbits):
     """Row group g alone (the groups left over from the lock-step blocks)."""
     r1 = min(lrows.shape[0], g * k + k)
     for r in range(g * k, r1):
@@ -509,16 +568,16 @@ def _rows_one(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos,
                 sym[0, m], st, pos = _step(st, pos, lo, words, d)
             if r == r1 - 1:
                 status[i] = _ended(st, pos, lo, words, word_off, i)
-        if _emit(sym[0], m0[p], group, n_live, mapped, colpos, codes10, digits, live, out8,
-                 out32, lrows[r]):
+        if _emit(sym[0], m0[p], group, n_live, mode, colpos, runs, codes10, digits, live, lbits,
+                 out8, out32, lrows[r]):
             status[g * p + p - 1] = 1
 
 
 @njit(parallel=True, **_JIT)
-def rans_rows(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos, mapped,
+def rans_rows(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, mode, colpos, runs,
               codes10, digits, out8, out32, status):
     """Decode every stream into the 2-bit rows ``out8`` / ``out32`` (two views of one
-    uint8 ``[rows, W * 4]`` array, prefilled with code 1); per-stream ``status``."""
+    uint8 ``[rows, W * 4]`` array; dead rows are the caller's); per-stream ``status``."""
     n_rows = lrows.shape[0]
     n_groups = (n_rows + k - 1) // k
     blocks = (n_rows // k) // LANES
@@ -526,10 +585,12 @@ def rans_rows(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos,
     for b in prange(blocks + n_groups - blocks * LANES):
         sym = np.empty((LANES, n_sym), np.uint8)
         live = np.empty(n_sym * group + 1, np.uint8)
+        lbits = np.zeros((10 * n_sym + 31) // 32 + 2, np.uint32)
         if b < blocks:
-            _rows_lanes(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos,
-                        mapped, codes10, digits, out8, out32, status, b * LANES, sym, live)
+            _rows_lanes(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, mode,
+                        colpos, runs, codes10, digits, out8, out32, status, b * LANES, sym,
+                        live, lbits)
         else:
-            _rows_one(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, colpos,
-                      mapped, codes10, digits, out8, out32, status, blocks * LANES + b - blocks,
-                      sym, live)
+            _rows_one(words, word_off, lrows, k, p, m0, cls, dec, group, n_live, mode, colpos,
+                      runs, codes10, digits, out8, out32, status, blocks * LANES + b - blocks,
+                      sym, live, lbits)
