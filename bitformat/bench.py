@@ -128,7 +128,7 @@ def kv_bytes_per_position(args: Any) -> int:
 
 def class_bytes(model: Model, kv_bytes: int, decode: str = "") -> dict[str, int]:
     """Bytes per token of each kernel class (see the module docstring)."""
-    from .runtime.cpu.rans import stfma_row_bytes
+    from .runtime.cpu.rans_rows import stfma_row_bytes
 
     out = dict.fromkeys(CLASSES, 0)
     for e in model.entries:

@@ -26,14 +26,15 @@ from threadpoolctl import ThreadpoolController
 from ...constants import GGMLType
 from ...errors import InvalidScaleError, MetadataError, RequestError
 from ...formats import get_format
-from ...formats import rans as R
-from ...mapping import drop_pages, file_mapping
+from ...mapping import file_mapping
 from ...modelfile import Model
 from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
 from . import head as H
 from . import kernels as K
 from . import ops
 from . import rans as KR
+from . import rans_rows as RR
+from .arena import WeightArena, resident_copy
 
 #: How rans matrices run: decoded once at load into stfma rows in the arena (the 2-bit kernels,
 #: as fast as i2_s), or decoded inside every mat-vec from the file's words ("fused").
@@ -56,62 +57,6 @@ class CpuWeight:
     scale: np.float32 | np.ndarray  # per-tensor scale, or float32 [rows, n_blocks] (trits)
     layout: str = ""  # slot layout of the activations (2-bit formats)
     kind: int = 0
-
-
-def resident_copy(raw: np.ndarray, chunk: int = 32 << 20,
-                  out: np.ndarray | None = None) -> np.ndarray:
-    """``raw`` copied into anonymous memory (``out``, or a new array), read-only.
-
-    numpy asks for transparent huge pages for arrays of 4 MiB and more. For the tensors read
-    on every token that matters: on 4 KiB pages of a file mapping the LM head streamed 23 GB/s,
-    from huge pages 28-29 (2B-4T, 2 threads), and the ternary matrices went from 16 to 21-24
-    GB/s (:class:`CpuBackend` copies them into one arena). Where ``raw`` views a read-only file
-    mapping (a GGUF), each copied chunk is dropped from this process's mapping again
-    (``MADV_DONTNEED`` only unmaps those pages; a later read faults them back in from the page
-    cache), so the resident size does not count the tensor twice.
-    """
-    out = np.empty_like(raw) if out is None else out
-    flat_in, flat_out = raw.reshape(-1), out.reshape(-1)
-    step = chunk // max(raw.itemsize, 1)
-    for i in range(0, flat_in.size, step):
-        flat_out[i: i + step] = flat_in[i: i + step]
-        drop_pages(flat_in, i * raw.itemsize, min(i + step, flat_in.size) * raw.itemsize)
-    out.setflags(write=False)
-    return out
-
-
-class WeightArena:
-    """One anonymous buffer holding every ternary matrix's container bytes, in order of use.
-
-    The model asks for its matrices layer by layer, q to down, which is the order a token reads
-    them, so a decode step streams one contiguous region: hardware prefetchers run across
-    matrix boundaries, and one allocation of hundreds of MB gets huge pages where the OS gives
-    them (many small ones would not). Each slot starts on a 64-byte line. The bytes are the
-    container's own (a copy, not a decoding). Matrices that do not fit (none, when ``size``
-    counts every ternary tensor) get a copy of their own.
-    """
-
-    ALIGN = 64
-
-    def __init__(self, size: int):
-        self.buf = None
-        if size:
-            buf = np.empty(size + self.ALIGN, np.uint8)
-            skip = -buf.ctypes.data % self.ALIGN
-            self.buf = buf[skip: skip + size]
-        self.used = 0
-
-    def copy(self, raw: np.ndarray) -> np.ndarray:
-        return resident_copy(raw, out=self.take(raw.shape, raw.dtype))
-
-    def take(self, shape: tuple[int, ...], dtype: np.dtype = np.uint8) -> np.ndarray:
-        """The next slot, writable, for an array of ``shape`` (a new array if none is left)."""
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if self.buf is None or self.used + n > self.buf.size:
-            return np.empty(shape, dtype)
-        out = self.buf[self.used: self.used + n].view(dtype).reshape(shape)
-        self.used += -(-n // self.ALIGN) * self.ALIGN
-        return out
 
 
 class ThreadPicker:
@@ -202,7 +147,7 @@ class CpuBackend(Backend):
             if e.encoding in ROW_FORMATS:
                 out.append(e.nbytes)
             elif e.encoding == "rans" and self.decode == "load":
-                out.append(e.shape[0] * KR.stfma_row_bytes(e.shape[1]))
+                out.append(e.shape[0] * RR.stfma_row_bytes(e.shape[1]))
         return out
 
     @property
@@ -213,7 +158,7 @@ class CpuBackend(Backend):
         total = 0
         for e in self.model.entries:
             if e.encoding == "rans" and self.decode == "load":
-                total += e.shape[0] * KR.stfma_row_bytes(e.shape[1])
+                total += e.shape[0] * RR.stfma_row_bytes(e.shape[1])
             else:
                 total += e.plain_nbytes if not e.ternary else e.nbytes
         return total
@@ -252,27 +197,15 @@ class CpuBackend(Backend):
         return KR.rans_weight(self.model.plain(name)[1], rows, cols, scale, name, self._colsets)
 
     def _decoded_rans(self, name: str) -> CpuWeight:
-        """A rans matrix decoded once into stfma rows in the arena (``decode="load"``): the
-        format's checks (the CRC-32 when validating) and the streams' own (end state, padding)
-        as it is decoded; the mapped words are then dropped from this process's memory."""
+        """A rans matrix decoded once into stfma rows in the arena (``decode="load"``,
+        :func:`.rans_rows.decode_matrix`: every check, the CRC-32 when validating)."""
         rows, cols = self.model.entry(name).shape
-        scale = self.model.get(f"bitformat.tensor.{name}.scale")
-        if not isinstance(scale, float):
-            raise MetadataError("missing its per-tensor scale", path=self.model.path,
-                                tensor=name)
-        raw = self.model.plain(name)[1]
-        w = KR.rans_weight(raw, rows, cols, scale, name, self._colsets,
-                           check_crc=self.validate, path=self.model.path)
-        data = self._arena.take((rows, KR.stfma_row_bytes(cols)))
-        status = KR.decode_to_rows(w, data)
-        if status.any():
-            p = R.parse(raw, rows, cols, scale=scale, path=self.model.path, name=name,
-                        check_crc=False)
-            raise p.corrupt_stream(int(np.flatnonzero(status)[0]))
+        data, scale = RR.decode_matrix(self.model, name,
+                                       self._arena.take((rows, RR.stfma_row_bytes(cols))),
+                                       validate=self.validate, colsets=self._colsets)
         data.setflags(write=False)
-        drop_pages(raw)
-        return CpuWeight("stfma", rows, cols, data, np.full(rows, w.scale, np.float32),
-                         "plain", K.KIND_LOW)
+        return CpuWeight("stfma", rows, cols, data, np.full(rows, scale, np.float32), "plain",
+                         K.KIND_LOW)
 
     def _repacked_weight(self, name: str, src: TernarySource | None) -> CpuWeight:
         """Matrices without row-readable bytes (module docstring), decoded once and repacked.

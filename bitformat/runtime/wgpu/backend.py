@@ -331,7 +331,7 @@ class WgpuBackend(Backend):
     @property
     def weight_bytes_per_token(self) -> int:
         """Bytes a step reads: rans decoded at load as stfma rows, a coded head as f16."""
-        from ..cpu.rans import stfma_row_bytes
+        from ..cpu.rans_rows import stfma_row_bytes
 
         return sum(e.shape[0] * stfma_row_bytes(e.shape[1])
                    if e.encoding == "rans" and self.decode == "load" else e.plain_nbytes
@@ -362,25 +362,13 @@ class WgpuBackend(Backend):
 
     def _decoded_rans(self, name: str) -> RowMatrix:
         """The rANS streams decoded once on the host into stfma rows (the cpu backend's
-        decoder, every stream checked; the CRC-32 when validating). On lavapipe the 2-bit
-        kernels ran a token 4-5x faster than the fused rANS kernels (docs/gpu.md), and a GPU
-        decoding every stream on every token has the same serial steps to take."""
-        from ..cpu import rans as KR
+        checked decoder; the CRC-32 when validating). On lavapipe the 2-bit kernels ran a
+        token 4-5x faster than the fused rANS kernels (docs/gpu.md)."""
+        from ..cpu.rans_rows import decode_matrix
 
         rows, cols = self.model.entry(name).shape
-        _, raw = self.model.plain(name)
-        scale = self.model.get(f"bitformat.tensor.{name}.scale")
-        if not isinstance(scale, float):
-            raise MetadataError("missing its per-tensor scale", tensor=name)
-        w = KR.rans_weight(raw, rows, cols, scale, name, {}, check_crc=self.validate)
-        data = np.empty((rows, KR.stfma_row_bytes(cols)), np.uint8)
-        status = KR.decode_to_rows(w, data)
-        if status.any():
-            from ...formats import rans as R
-
-            p = R.parse(raw, rows, cols, scale=scale, name=name, check_crc=False)
-            raise p.corrupt_stream(int(np.flatnonzero(status)[0]))
-        return RowMatrix(name, "stfma", rows, cols, data, float(w.scale))
+        data, scale = decode_matrix(self.model, name, validate=self.validate)
+        return RowMatrix(name, "stfma", rows, cols, data, float(scale))
 
     def _check_width(self, cols: int, name: str) -> None:
         if -(-cols // 256) * 256 > MAX_WIDTH:
