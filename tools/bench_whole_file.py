@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PROMPT = [1, 5, 17, 300, 42, 7, 99, 128]
 TITLE = "Whole file: coded LM head, rans decoded at load (full-size synthetic 2B-4T)"
+CONTENDED = 0.25  # other processes' CPU-seconds per second of a timed run that drop it
 TARGETS = {"rans_file_gb": 0.86, "head_bits": 11.0, "speed_ratio": 0.95, "load_s": 8.0,
            "convert_mws": 80.0}
 
@@ -203,15 +204,18 @@ def render(conv: dict, sz: dict, runs: dict[str, list[dict]], args, started: flo
     lines += ["", f"Running (`bitformat.load(..., backend='cpu')`, each run a fresh process: "
               f"load, 8-token prompt, 1 warm-up step, {args.tokens} timed greedy steps; i2_s and "
               "rans (load) alternate, rans (fused) runs once after them). *Other CPU* is the "
-              "CPU time other processes took during the timed steps, per second of them.", "",
+              "CPU time other processes took during the timed steps, per second of them; a run "
+              f"above {CONTENDED:.0%} is dropped and repeated.", "",
               "| run | container | load s | decode tok/s | peak RSS GiB | bytes/token MB | "
               "other CPU |", "|---|---|---|---|---|---|---|"]
-    order = [("i2_s", r) for r in i2s] + [("rans (load)", r) for r in load_]
-    order = sorted(order, key=lambda x: x[1]["at"]) + [("rans (fused)", r) for r in fused]
-    for i, (label, r) in enumerate(order, 1):
+    names = {"i2_s": "i2_s", "load": "rans (load)", "fused": "rans (fused)"}
+    order = sorted(i2s + load_ + fused + runs["dropped"], key=lambda r: r["at"])
+    for i, r in enumerate(order, 1):
+        share = r["other_cpu_s"] / r["wall_s"]
+        label = names[r["key"]] + (" (dropped: contended)" if r in runs["dropped"] else "")
         lines.append(f"| {i} | {label} | {r['load_s']:.2f} | {r['tok_s']:.2f} | "
                      f"{r['peak_rss_gib']:.2f} | {r['bytes_per_token'] / 1e6:,.1f} | "
-                     f"{r['other_cpu_s'] / r['wall_s']:.0%} |")
+                     f"{share:.0%} |")
     same = all(r["tokens"] == i2s[0]["tokens"] for r in i2s + load_ + fused)
     lines += ["", f"Every run decoded the same tokens: {same}. Medians: i2_s "
               f"{med(i2s, 'tok_s'):.2f} tok/s, rans (load) {med(load_, 'tok_s'):.2f}, rans "
@@ -245,17 +249,25 @@ def main() -> None:
     print("convert", conv, flush=True)
     sz = sizes_and_round_trips(args.model, rans, args.work)
     print("sizes", json.dumps(sz), flush=True)
-    runs: dict[str, list[dict]] = {"i2_s": [], "load": [], "fused": []}
-    for i in range(args.repeat):
-        for key, path, decode in (("i2_s", args.model, "load"), ("load", rans, "load")):
+    runs: dict[str, list[dict]] = {"i2_s": [], "load": [], "fused": [], "dropped": []}
+
+    def measured(key: str, path: Path, decode: str) -> None:
+        """One kept run; a run during which other processes took more than CONTENDED of the
+        CPU is dropped and repeated (three tries)."""
+        for _ in range(3):
             r = run_child(path, decode, args.tokens)
-            r["at"] = time.time()
-            runs[key].append(r)
-            print(key, i, {k: v for k, v in r.items() if k != "tokens"}, flush=True)
-    r = run_child(rans, "fused", args.tokens)
-    r["at"] = time.time()
-    runs["fused"].append(r)
-    print("fused", {k: v for k, v in r.items() if k != "tokens"}, flush=True)
+            r["at"], r["key"] = time.time(), key
+            print(key, {k: v for k, v in r.items() if k != "tokens"}, flush=True)
+            if r["other_cpu_s"] / r["wall_s"] <= CONTENDED:
+                runs[key].append(r)
+                return
+            runs["dropped"].append(r)
+        runs[key].append(r)  # kept after three tries, and marked as contended in the table
+
+    for _ in range(args.repeat):
+        measured("i2_s", args.model, "load")
+        measured("load", rans, "load")
+    measured("fused", rans, "fused")
     text = render(conv, sz, runs, args, started)
     print(text)
     if args.write:
