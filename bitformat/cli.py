@@ -105,6 +105,23 @@ def default_output(src: Path, target: str) -> Path:
     return src.with_name(f"{stem}.{target}.gguf")
 
 
+def _quantized_line(quantized: dict[str, tuple[str, str]]) -> str:
+    """'quantized 210 tensors from F32 to ternary (...)': what a conversion of float weights did."""
+    from collections import Counter
+
+    from .quantize import ABSMEAN, TERNARY_VALUES
+
+    types = " and ".join(sorted({t for t, _ in quantized.values()}))
+    rules = Counter(r for _, r in quantized.values())
+    how = []
+    if rules[TERNARY_VALUES]:
+        how.append(f"{rules[TERNARY_VALUES]} held only 0 and +-a: kept as bitnet.cpp's "
+                   "quantize_i2_s reads them")
+    if rules[ABSMEAN]:
+        how.append(f"{rules[ABSMEAN]} by absmean, as transformers and bitnet.cpp's converter")
+    return (f"quantized {len(quantized)} tensors from {types} to ternary ({'; '.join(how)})")
+
+
 @main.command()
 @click.argument("file", type=click.Path(exists=True, path_type=Path))
 @click.option("--to", "target", required=True, type=click.Choice(CONVERT_TARGETS),
@@ -133,6 +150,8 @@ def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: 
         bar.close()
     click.echo(f"wrote {out} ({target}, {report.tensors} tensors, "
                f"{report.ternary_weights:,} ternary weights)")
+    if report.quantized:
+        click.echo(_quantized_line(report.quantized))
     for name, loss in report.scale_changes.items():
         click.echo(f"  scale of {name} rounded: relative change up to {loss:.3g}")
 
