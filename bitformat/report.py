@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .container import open_model
+from .container import open_model, require_ternary
 from .errors import ScaleLossError, ShapeError
 from .formats import FORMAT_IDS, get_format
 from .modelfile import Model, TensorEntry
@@ -172,6 +172,7 @@ def build_report(path, *, zstd_level: int = ZSTD_LEVEL, i2s_variant: str = "x86"
     >>> r.per_token["rans"]["share"]["lm_head"]                  # doctest: +SKIP
     """
     with open_model(path, i2s_variant=i2s_variant) as model:
+        require_ternary(model)
         report = Report(model.path, model.container, list(CONTAINERS))
         head, head_bytes, row_bytes = _lm_head(model)
         report.lm_head = head

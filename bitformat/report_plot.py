@@ -1,4 +1,4 @@
-"""The picture of a :class:`~bitformat.report.Report`: one PNG with two panels.
+"""The picture of a :class:`~bitformat.report.Report`: one figure (PNG, SVG or PDF), two panels.
 
 * Top: bits per weight of every tensor (by layer, then kind) in each container, with the
   order-0 floors (per tensor, per row, and the model-wide global line) under them.
@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
+from .atomic import atomic_file
+from .errors import UnsupportedConversionError
 from .report import LABELS, Report
+
+#: what :func:`save_figure` writes, chosen by the output's extension
+FIGURE_FORMATS = ("png", "svg", "pdf")
 
 KIND_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
@@ -39,7 +45,7 @@ def _order(names: list[str]) -> list[int]:
 
 
 def plot_report(report: Report, out: str | os.PathLike) -> None:
-    """Draw ``report`` into the PNG file ``out``."""
+    """Draw ``report`` into ``out``: PNG, SVG or PDF by its extension (written atomically)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -93,7 +99,17 @@ def plot_report(report: Report, out: str | os.PathLike) -> None:
     bottom.set_xlabel("MB read per generated token")
     bottom.set_title("bytes per generated token, by container")
     bottom.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(out, dpi=110, format="png")
+    save_figure(fig, out)
+
+
+def save_figure(fig, out: str | os.PathLike) -> None:
+    """Write ``fig`` to ``out`` in the format its extension names, atomically."""
+    fmt = Path(out).suffix.lower().lstrip(".")
+    if fmt not in FIGURE_FORMATS:
+        raise UnsupportedConversionError(f"cannot draw a {fmt or 'extension-less'} file; name "
+                                         "it .png, .svg or .pdf", path=str(out))
+    with atomic_file(out) as fh:
+        fig.savefig(fh, dpi=110, format=fmt)
 
 
 def _layer_ticks(ax, names: list[str]) -> None:
