@@ -1,7 +1,8 @@
 """The picture of a :class:`~bitformat.report.Report`: one figure (PNG, SVG or PDF), two panels.
 
 * Top: bits per weight of every tensor (by layer, then kind) in each container, with the
-  order-0 floors (per tensor, per row, and the model-wide global line) under them.
+  order-0 entropies (a table per tensor, per row, one for the model) drawn as black lines;
+  they bound single-trit codes, not rans (:data:`~bitformat.report.FLOOR_NOTE`).
 * Bottom: the bytes one generated token reads in each container, split into ternary weights,
   the LM head and the rest (norms and one embedding row), with the LM head's share written on.
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .atomic import atomic_file
 from .errors import UnsupportedConversionError
-from .report import LABELS, Report
+from .report import FLOOR_NOTE, LABELS, Report
 
 #: what :func:`save_figure` writes, chosen by the output's extension
 FIGURE_FORMATS = ("png", "svg", "pdf")
@@ -66,17 +67,19 @@ def plot_report(report: Report, out: str | os.PathLike) -> None:
         top.plot(x, y, ls, color=colour, marker=marker, markersize=3, lw=1.2, label=label)
     fl = report.model["floors"]
     top.plot(x, [tensors[i].floors["order0_tensor"] for i in order], color="black", lw=1,
-             ls="--", label=f"floor: order-0 per tensor ({fl['order0_tensor']:.3f})")
+             ls="--", label=f"order-0 entropy, a table per tensor ({fl['order0_tensor']:.3f})")
     top.plot(x, [tensors[i].floors["order0_row"] for i in order], color="black", lw=1, ls=":",
-             label=f"floor: order-0 per row ({fl['order0_row']:.3f})")
+             label=f"order-0 entropy, a table per row ({fl['order0_row']:.3f})")
     top.axhline(fl["order0_global"], color="grey", lw=0.8, ls="-.",
-                label=f"floor: order-0 global ({fl['order0_global']:.3f})")
+                label=f"order-0 entropy, one table ({fl['order0_global']:.3f})")
     _layer_ticks(top, [tensors[i].name for i in order])
     top.set_ylabel("bits per ternary weight")
     top.set_title(f"{os.path.basename(report.path)}: bits per weight per tensor "
                   "(model-wide in brackets)")
     top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     top.grid(axis="y", alpha=0.3)
+    top.text(0.0, -0.16, "black lines: " + FLOOR_NOTE, transform=top.transAxes, fontsize=7,
+             va="top", wrap=True)
 
     names = list(report.per_token)
     mb = {k: [report.per_token[c][k] / 1e6 for c in names] for k in
