@@ -13,8 +13,8 @@ from typing import Any
 
 #: The official BitNet b1.58 2B-4T files on the Hugging Face Hub and what bitformat does with them.
 REAL_MODELS = """\
-Real models (BitNet b1.58 2B-4T, ~1.2 GB) come from the Hugging Face Hub; download them with
-the Hugging Face CLI (`hf download`; older huggingface_hub releases call it
+BitNet b1.58 2B-4T (1.2 GB as i2_s) comes from the Hugging Face Hub; download it with the
+Hugging Face CLI (`hf download`; older huggingface_hub releases call it
 `huggingface-cli download`, same arguments):
 
   hf download microsoft/bitnet-b1.58-2B-4T-gguf ggml-model-i2_s.gguf --local-dir models/2b4t-gguf
@@ -51,7 +51,8 @@ def synthetic_note(path: str) -> str:
             "random weights), so the text it generates is meaningless. For a real model:\n"
             "  hf download microsoft/bitnet-b1.58-2B-4T-gguf ggml-model-i2_s.gguf "
             "--local-dir models/2b4t-gguf\n"
-            "  bitformat run models/2b4t-gguf/ggml-model-i2_s.gguf --chat -p \"Hello\"\n"
+            "  bitformat run models/2b4t-gguf/ggml-model-i2_s.gguf --chat -p \"What is a ternary "
+            "weight?\"\n"
             "(more: README.md, \"Real models\")")
 
 

@@ -163,3 +163,16 @@ def test_bf16_embedding_copy(tiny_gguf, tmp_path):
         bf = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
         assert np.allclose(bf, f16, rtol=2 ** -8, atol=0)
         assert [e.name for e in a.entries] == [e.name for e in b.entries]
+
+
+def test_readme_shows_the_real_model_commands():
+    """The README's "Real models" and the hints `run` prints come from one text (guide.py)."""
+    from pathlib import Path
+
+    from bitformat.guide import REAL_MODELS, synthetic_note
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    commands = [line.strip() for line in REAL_MODELS.splitlines() if line.startswith("  ")]
+    assert len(commands) == 8 and all(c in readme for c in commands)
+    for line in synthetic_note("x.gguf").splitlines()[1:3]:
+        assert line.strip() in readme
