@@ -310,7 +310,8 @@ def warmup(backend: str) -> None:
             notice.close()
     for s in steps:
         click.echo(f"  {s.what:<24} ready in {s.seconds:6.2f} s")
-    click.echo(f"kernels ready ({notice.count} compiled now, the rest were cached)")
+    click.echo(f"kernels ready: {notice.count} compiled now" if notice.count else
+               "kernels ready: all were already in numba's cache")
 
 
 @main.command()

@@ -118,13 +118,14 @@ class CompileNotice:
             click.echo("compiling kernels for this machine (first run only: numba caches them; "
                        "`bitformat warmup` compiles every one ahead)...", err=True)
             self.t0 = time.perf_counter()
-            self.bar = tqdm(desc="compiling", unit=" kernels", leave=False, file=sys.stderr,
+            self.bar = tqdm(leave=False, file=sys.stderr,
+                            bar_format="compiling kernel {n}: {desc} [{elapsed}]",
                             disable=not sys.stderr.isatty())
             if not self.bar.disable:  # LLVM releases the GIL: keep the clock moving
                 threading.Thread(target=self._tick, daemon=True).start()
         self.count += 1
         self.bar.update(1)
-        self.bar.set_postfix_str(name, refresh=True)
+        self.bar.set_description_str(name, refresh=True)
 
     def _tick(self) -> None:
         while not self._stop.wait(0.5):
