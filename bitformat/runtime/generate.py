@@ -103,13 +103,15 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                     top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                     seed: int | None = None, stop_ids: Sequence[int] | None = None,
-                    context: int | None = None, weight_bytes: int = 0
+                    context: int | None = None, weight_bytes: int = 0,
+                    skip_special: bool = True
                     ) -> Iterator[GenerationResponse]:
     """Generate from text (needs ``tokenizer``) or token ids, yielding text as it forms.
 
     Stops at a stop token (default: the tokenizer's eos and eot ids; the stop token itself is
     not yielded as text) or after ``max_new_tokens``; the last response carries ``finish_reason``.
-    Sampling options are :class:`.sampling.SamplingParams`'.
+    Sampling options are :class:`.sampling.SamplingParams`'. Special (control) tokens add no
+    text unless ``skip_special`` is False, as in llama.cpp.
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repetition_penalty=repetition_penalty, seed=seed)
@@ -131,13 +133,13 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
         out.append(token)
         text = shown
         if tokenizer is not None:
-            full = tokenizer.decode(out)
+            full = tokenizer.decode(out, skip_special=skip_special)
             if not full.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence
                 text = full
         piece, shown = text[len(shown):], text
         yield GenerationResponse(piece, token, None, stats)
     if tokenizer is not None and out:
-        full = tokenizer.decode(out)
+        full = tokenizer.decode(out, skip_special=skip_special)
         if full != shown:  # flush what was held back
             yield GenerationResponse(full[len(shown):], None, None, stats)
     yield GenerationResponse("", None, "length", stats)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,16 +39,17 @@ class LoadedModel:
     ``weight_bytes_per_token`` and ``last_stats`` (the last generation's timings).
     """
 
-    def __init__(self, container: Model, backend: Backend, args: ModelArgs, tokenizer: Any):
+    def __init__(self, container: Model, backend: Backend, args: ModelArgs, tokenizer: Any, *,
+                 progress: Callable[[int, int], None] | None = None):
         self.container_model = container
         self.backend = backend
         self.args = args
         if backend.name == "wgpu":  # the whole model on the device, one command buffer a token
             from .wgpu.network import WgpuBitNet
 
-            self.net = WgpuBitNet(args, backend)
+            self.net = WgpuBitNet(args, backend, progress=progress)
         else:
-            self.net = BitNet(args, backend)
+            self.net = BitNet(args, backend, progress=progress)
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once: in
@@ -83,6 +84,26 @@ class LoadedModel:
         """The whole answer: text, token ids, finish reason and stats."""
         return collect(self.stream_generate(prompt, max_new_tokens, **kwargs))
 
+    def warmup(self) -> float:
+        """Run every kind of step once on a throw-away cache and return the seconds it took.
+
+        A 5-token prompt (more than the rans kernels' one-token-at-a-time limit) and one decode
+        step, also through the device's own argmax where there is one: the first run of a
+        kernel compiles it (numba, on the cpu backend: about 20 s in all, once per machine,
+        then read from numba's cache) or builds its pipeline (wgpu). Timings taken afterwards
+        measure the model, not the compiler. The numpy backend has nothing to prepare.
+        """
+        t0 = time.perf_counter()
+        if self.backend.name == "numpy":
+            return 0.0
+        prompt = [0] * 5
+        cache = self.net.new_cache(len(prompt) + 2)
+        self.net.forward(prompt, cache)
+        self.net.forward(prompt[:1], cache)
+        if hasattr(self.net, "forward_argmax"):
+            self.net.forward_argmax(prompt[:1], cache)
+        return time.perf_counter() - t0
+
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits ``[T, vocab]`` of every position, recomputed from scratch (no cache reuse)."""
         return self.net.forward(tokens, self.net.new_cache(len(tokens)), all_logits=True)
@@ -99,7 +120,8 @@ class LoadedModel:
 
 def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32",
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
-         decode: str = "load") -> LoadedModel:
+         decode: str = "load", progress: Callable[[int, int], None] | None = None
+         ) -> LoadedModel:
     """Open a BitNet container (any format, or an HF folder) on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
@@ -111,6 +133,8 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     into 2-bit rows that the fastest kernels read; "fused" decodes them inside every mat-vec
     (fewer bytes held and read, several times slower). A coded LM head is decoded into f16
     at load either way. ``LoadedModel.load_seconds`` says how long loading took.
+    ``progress(layer, n_layers)`` is called as each layer's weights are ready (loading the
+    2B-4T model takes seconds). Kernels compile on first use: :meth:`LoadedModel.warmup`.
     """
     if decode not in ("load", "fused"):
         raise RequestError(f"decode must be load or fused, got {decode!r:.20}")
@@ -146,7 +170,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
             from ..tokenizer import Tokenizer
 
             tokenizer = Tokenizer(container.metadata)
-        loaded = LoadedModel(container, be, args, tokenizer)
+        loaded = LoadedModel(container, be, args, tokenizer, progress=progress)
         loaded.load_seconds = time.perf_counter() - t0
         return loaded
     except BaseException:
