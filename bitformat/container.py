@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .constants import GGML_BLOCK_LAYOUT, GGMLType, ValueType
-from .errors import FormatError, MetadataError, UnsupportedConversionError
+from .errors import FormatError, MetadataError, ShapeError, UnsupportedConversionError
 from .formats import FORMAT_IDS, get_format, rans_float
 from .formats.base import TernaryFormat
 from .gguf_io import GGUFReader, GGUFWriter, MetaValue
@@ -89,7 +89,10 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
             if fmt.native:
                 raise MetadataError(f"encoding {fid!r} must be stored as GGML type "
                                     f"{fmt.storage_type.name}", path=spath, tensor=info.name)
-            fmt.check_shape(rows, cols, info.name)
+            try:
+                fmt.check_shape(rows, cols, info.name)
+            except ShapeError as e:  # the metadata's shape: name the file too
+                raise ShapeError(e.problem, path=spath, tensor=info.name) from None
             if fmt.variable_size:  # any length; decode checks it against the data's header
                 if len(info.shape) != 1 or info.ggml_type != fmt.storage_type:
                     raise FormatError(f"{fid} data must be a 1-D {fmt.storage_type.name} "

@@ -470,14 +470,16 @@ def test_random_mutations_with_fixed_crc_are_clean():
 
 # -- in the rans container ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_rans(tiny_gguf, tmp_path_factory):
+def tiny_rans(tiny_bf16_gguf, tmp_path_factory):
+    """synth's default tiny model (bf16 values in its F16 embedding) as rans."""
     out = tmp_path_factory.mktemp("rans_float") / "tiny.rans.gguf"
-    convert(tiny_gguf, out, "rans")
+    convert(tiny_bf16_gguf, out, "rans")
     return out
 
 
-def test_rans_container_codes_its_embedding(tiny_gguf, tiny_rans):
-    with open_model(tiny_gguf) as a, open_model(tiny_rans) as b, GGUFReader(tiny_rans) as r:
+def test_rans_container_codes_its_embedding(tiny_bf16_gguf, tiny_rans):
+    with open_model(tiny_bf16_gguf) as a, open_model(tiny_rans) as b, \
+            GGUFReader(tiny_rans) as r:
         ea, eb = a.entry(NAME), b.entry(NAME)
         assert (eb.encoding, eb.coding, eb.shape) == ("F16", "rans_float", ea.shape)
         info = r.tensors[NAME]
@@ -488,16 +490,17 @@ def test_rans_container_codes_its_embedding(tiny_gguf, tiny_rans):
         assert b.plain(NAME)[0] == GGMLType.F16
         assert b.plain(NAME)[1].tobytes() == a.plain(NAME)[1].tobytes()
         assert np.array_equal(ref_decode(r.raw(NAME)), a.plain(NAME)[1].view(np.uint16))
+        assert rf.describe(r.raw(NAME))["z"] == 3  # bf16 values: 3 low mantissa bits left out
         for e in a.entries:  # the F32 norms stay as they are
             if not e.ternary and e.name != NAME:
                 assert b.entry(e.name).coding == "" and b.entry(e.name).nbytes == e.nbytes
 
 
 @pytest.mark.parametrize("fid", [f for f in FORMAT_IDS if f != "rans"] + ["hf"])
-def test_every_container_back_from_rans(tiny_gguf, tiny_rans, tmp_path, fid):
+def test_every_container_back_from_rans(tiny_bf16_gguf, tiny_rans, tmp_path, fid):
     direct = tmp_path / f"direct.{fid}"
     back = tmp_path / f"back.{fid}"
-    convert(tiny_gguf, direct, fid)
+    convert(tiny_bf16_gguf, direct, fid)
     convert(tiny_rans, back, fid)
     if fid == "hf":
         for f in sorted(direct.iterdir()):
