@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 from pathlib import Path
 
 import click
 
-from .errors import BitformatError
+from .errors import BitformatError, Terminated
 
 CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "rans", "hf")
 
 
 def _friendly_errors(fn):
-    """Turn bitformat's errors into one-line messages (exit 1) and Ctrl-C into exit 130."""
+    """Turn bitformat's errors into one-line messages (exit 1), Ctrl-C into exit 130 and
+    SIGTERM into exit 143, both after the atomic writers removed their unfinished output."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        previous = _catch_sigterm()
         try:
             return fn(*args, **kwargs)
         except BitformatError as exc:
@@ -32,8 +35,29 @@ def _friendly_errors(fn):
         except KeyboardInterrupt:
             click.echo("interrupted: nothing was written", err=True)
             sys.exit(130)
+        except Terminated:
+            click.echo("terminated: no unfinished output was left", err=True)
+            sys.exit(143)
+        finally:
+            if previous is not False:
+                signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
 
     return wrapper
+
+
+def _catch_sigterm():
+    """Make SIGTERM (timeout, systemd, docker stop) raise :class:`Terminated` in this thread,
+    as SIGINT raises KeyboardInterrupt; return the handler to restore (False off the main
+    thread, where Python cannot handle signals)."""
+
+    def terminated(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: let the cleanup finish
+        raise Terminated
+
+    try:
+        return signal.signal(signal.SIGTERM, terminated)
+    except ValueError:
+        return False
 
 
 class _Progress:
