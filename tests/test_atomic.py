@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from bitformat import atomic
-from bitformat.atomic import MANIFEST, atomic_dir, atomic_file, check_not_source, remove_strays
+from bitformat import atomic, atomic_folder
+from bitformat.atomic import atomic_file, check_not_source, remove_strays
+from bitformat.atomic_folder import MANIFEST, atomic_dir
 from bitformat.errors import BitformatIOError, OutputPathError
-from bitformat.runtime.cpu.threadpool import WAIT_VARIABLES
 
 needs_flock = pytest.mark.skipif(atomic.fcntl is None, reason="no flock on this platform")
 
@@ -98,7 +98,7 @@ def test_a_claimed_name_taken_by_a_cleaner_is_given_up(tmp_path):
             p.unlink()  # the cleaner won the race for the first name
         return str(p)
 
-    path, fd = atomic._claim(make)
+    path, fd = atomic.claim(make)
     os.close(fd)
     assert path == str(made[1]) and len(made) == 2
 
@@ -139,7 +139,7 @@ def test_folder_export_has_a_manifest_and_replaces_its_own_export(tmp_path):
 
 def test_replacing_without_rename_exchange(tmp_path, monkeypatch):
     """Where RENAME_EXCHANGE is missing: move aside, move in; a failure moves the old back."""
-    monkeypatch.setattr(atomic, "_renameat2", lambda *a: False)
+    monkeypatch.setattr(atomic_folder, "_renameat2", lambda *a: False)
     out = tmp_path / "out"
     export(out, {"config.json": "{1}"})
     export(out, {"config.json": "{2}"})
@@ -151,7 +151,7 @@ def test_replacing_without_rename_exchange(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         real(src, dst)
 
-    monkeypatch.setattr(atomic.os, "rename", failing)
+    monkeypatch.setattr(atomic_folder.os, "rename", failing)
     with pytest.raises(BitformatIOError, match="No space left"):
         export(out, {"config.json": "{3}"})
     assert (out / "config.json").read_text() == "{2}" and listing(tmp_path) == ["out"]
@@ -163,7 +163,7 @@ def test_rename_exchange_swaps_two_folders(tmp_path):
     a.mkdir()
     b.mkdir()
     (a / "in_a").touch()
-    if not atomic._renameat2(a, b, atomic._RENAME_EXCHANGE):
+    if not atomic_folder._renameat2(a, b, atomic_folder._RENAME_EXCHANGE):
         pytest.skip("this file system has no RENAME_EXCHANGE")
     assert listing(b) == ["in_a"] and listing(a) == []
 
@@ -245,17 +245,3 @@ def test_convert_refuses_to_overwrite_its_source(tiny_gguf, tmp_path):
     r = CliRunner().invoke(main, ["convert", str(src), "--to", "hf", "-o", str(tmp_path)])
     assert r.exit_code == 1 and "holds the source" in r.output, r.output
     assert listing(tmp_path) == ["x.gguf"] and src.read_bytes() == tiny_gguf.read_bytes()
-
-
-# -- OpenMP waits (runtime/cpu/threadpool.py) ---------------------------------------------------
-@pytest.mark.parametrize("env, want", [({}, "passive"), ({"OMP_WAIT_POLICY": "active"}, "active"),
-                                       ({"GOMP_SPINCOUNT": "1000"}, None)])
-def test_cpu_backend_asks_openmp_for_sleeping_waits(tiny_gguf, env, want):
-    code = ("import os\nfrom bitformat.runtime import load\n"
-            f"with load({str(tiny_gguf)!r}, backend='cpu', threads=2) as m:\n"
-            "    m.generate([1, 2], 2)\n"
-            "print(os.environ.get('OMP_WAIT_POLICY'))\n")
-    base = {k: v for k, v in os.environ.items() if k not in WAIT_VARIABLES}
-    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, check=True,
-                         capture_output=True, text=True).stdout.split()
-    assert out[-1] == str(want)

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 #: (moment, the output is in place at that moment)
 MOMENTS = [("created", False), ("tensor:3", False), ("written", False), ("committed", True)]
 #: the CLI with RENAME_EXCHANGE unavailable (as on macOS or an old kernel)
-NO_EXCHANGE = ("import sys; import bitformat.atomic as a; a._renameat2 = lambda *x: False; "
+NO_EXCHANGE = ("import sys; import bitformat.atomic_folder as a; a._renameat2 = lambda *x: False; "
                "from bitformat.cli import main; sys.argv[0] = 'bitformat'; main()")
 
 

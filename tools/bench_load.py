@@ -50,8 +50,14 @@ def worker(model: str, threads: int | None, tokens: int) -> None:
             n = int(line)
             c0 = _self_cpu()
             r = m.generate(PROMPT, n)
-            print(MSG + json.dumps({"tps": r.stats.generation_tps, "cpu": _self_cpu() - c0}),
-                  flush=True)
+            print(MSG + json.dumps({"tps": r.stats.generation_tps, "cpu": _self_cpu() - c0,
+                                    "layer": _layer()}), flush=True)
+
+
+def _layer() -> str:
+    import numba
+
+    return numba.threading_layer()
 
 
 def _self_cpu() -> float:
@@ -112,6 +118,7 @@ class Variant:
         self.proc.stdin.write(f"{tokens}\n")
         self.proc.stdin.flush()
         res = self.read()
+        self.layer = res["layer"]
         wall = time.perf_counter() - t0
         busy = (busy_ticks() - b0) / TICK
         comp = proc_cpu(competitor) - comp0 if competitor else 0.0
@@ -169,13 +176,14 @@ def render(variants: list[Variant], args, cpu: str) -> str:
              f"{len(PROMPT)}-token prompt, median of {args.repeat} interleaved rounds. "
              "Busy: another process spins on one core. 'others' is the most CPU any other "
              "process took during a counted measurement (from /proc/stat, in cores).", "",
-             "| variant | threads | environment | idle tok/s | busy tok/s | busy / "
-             f"{ref.label} busy | others (cores) |", "|---|---|---|---|---|---|---|"]
+             "| variant | threads | numba layer | environment | idle tok/s | busy tok/s | "
+             f"busy / {ref.label} busy | others (cores) |", "|---|---|---|---|---|---|---|---|"]
     for v in variants:
         idle, ni, oi = median_tps(v.runs["idle"])
         busy, nb, ob = median_tps(v.runs["busy"])
         env = ", ".join(f"{k}={x}" for k, x in v.env.items()) or "-"
-        lines.append(f"| {v.label} | {v.threads or 'adaptive'} | {env} | {idle:.2f} ({ni}) "
+        lines.append(f"| {v.label} | {v.threads or 'adaptive'} | {v.layer} | {env} | "
+                     f"{idle:.2f} ({ni}) "
                      f"| {busy:.2f} ({nb}) | {busy / ref_busy:.2f} | {max(oi, ob):.2f} |")
     lines += ["", "(n): measurements in the median (uncontended ones where there were any)."]
     return "\n".join(lines) + "\n"

@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_dir, checkpoint
+from ..atomic import checkpoint
+from ..atomic_folder import atomic_dir
 from ..constants import GGMLType
 from ..errors import (
     FormatError,

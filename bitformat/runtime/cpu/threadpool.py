@@ -1,50 +1,79 @@
-"""How numba's OpenMP threads wait between mat-vecs, set before the thread pool starts.
+"""Which numba threading layer runs the mat-vecs: TBB where it is installed, chosen before the
+thread pool starts.
 
-Every mat-vec of the ``cpu`` backend is one numba parallel region: OpenMP splits the rows
-statically between the threads and the region ends at a barrier. GNU libgomp (numba's
-``omp`` layer on Linux) makes a thread that reaches a barrier, or waits for the next region,
-spin for 300,000 iterations before it sleeps. On an idle machine that spin is harmless. When
-another process holds one of two cores it is a disaster: the thread that finished its half
-spins on the one free core while the thread holding the other half waits for a core to run on,
-so each of the ~150 mat-vecs of a token waits out a scheduler time slice. ``--threads 2`` on
-the full-size 2B-4T fell from ~15 to 1-2 tokens/s that way.
+Every mat-vec of the ``cpu`` backend is one numba parallel region (``prange`` over rows). On
+numba's ``omp`` layer (GNU libgomp on Linux) the rows are split statically, one share per
+thread, and the region ends at a barrier where a finished thread spins (300,000 iterations)
+before it sleeps. On an idle machine that is the fastest choice. When another process holds
+one of two cores it collapses: the thread that finished spins on the one free core while the
+thread holding the other share waits for a core, so each of the ~150 mat-vecs of a token
+waits out a scheduler time slice (``run --threads 2`` on the full-size 2B-4T: ~20 tokens/s
+idle, 6-7 with one core busy, 1-2 when the other process is itself multi-threaded). Sleeping
+at once instead (``OMP_WAIT_POLICY=passive``) fixes the busy case but costs a wake-up of tens
+of microseconds per region on a VM: idle decode fell from ~19 to ~14.5 tokens/s.
 
-With ``OMP_WAIT_POLICY=passive`` a waiting thread sleeps at once (a futex), handing its core to
-the thread that still has work; a mat-vec then costs what it costs on the one core left (plus
-a wake-up of microseconds), and an idle machine measured no slower (docs/benchmarks.md,
-"Decode with one core busy"). libgomp reads the variable once, when it is loaded, which numba
-does when it starts its thread pool: :func:`prefer_sleeping_waits` must run before the first
-parallel kernel of the process. A user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins.
+TBB schedules by work stealing: the calling thread runs the shares no other thread has taken,
+so a descheduled worker that never started delays nothing, and waiting threads back off to
+yielding and sleeping. Measured on the same model (docs/benchmarks.md, "Decode with one core
+busy"): idle as fast as libgomp's spinning, busy as fast as one thread alone.
+
+pip installs ``libtbb.so.12`` into ``<prefix>/lib``, which the dynamic loader does not search,
+so numba would silently fall back to ``omp``. :func:`load_tbb` loads that library by its path
+first; numba's default layer order (tbb, omp, workqueue) then finds it by its soname.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
+from pathlib import Path
 
-#: Environment variables that already say how OpenMP threads should wait.
-WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+#: File name of the TBB runtime numba's ``tbbpool`` links against, per platform.
+LIBTBB = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}
+#: Layer settings under which numba may pick tbb (``NUMBA_THREADING_LAYER``).
+TBB_LAYERS = ("default", "tbb", "safe", "threadsafe", "forksafe")
 
 
-def prefer_sleeping_waits() -> bool:
-    """Ask OpenMP for sleeping waits unless the user chose a policy; True if this call set it.
+def load_tbb() -> Path | None:
+    """Make the pip-installed TBB loadable for numba; return the library loaded, or None.
 
-    A no-op once numba's thread pool runs (libgomp read its environment then), and for numba's
-    ``tbb`` and ``workqueue`` layers, whose waiting threads do not spin this way.
+    None (nothing done) where numba's pool runs already, the user asked for another layer
+    with ``NUMBA_THREADING_LAYER``, or the ``tbb`` package is not installed; numba then uses
+    ``omp`` as before.
     """
-    if any(v in os.environ for v in WAIT_VARIABLES) or _pool_started():
-        return False
-    os.environ["OMP_WAIT_POLICY"] = "passive"
-    return True
+    if os.environ.get("NUMBA_THREADING_LAYER", "default").lower() not in TBB_LAYERS:
+        return None
+    if _pool_started():
+        return None
+    lib = installed_libtbb()
+    if lib is None:
+        return None
+    try:
+        ctypes.CDLL(str(lib), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+    except OSError:
+        return None
+    return lib
+
+
+def installed_libtbb() -> Path | None:
+    """Path of the TBB runtime the ``tbb`` distribution installed, if it did."""
+    from importlib import metadata
+
+    want = LIBTBB.get(sys.platform)
+    try:
+        files = metadata.files("tbb") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name == want:
+            path = Path(f.locate()).resolve()
+            if path.is_file():
+                return path
+    return None
 
 
 def _pool_started() -> bool:
-    """numba's pool runs, or libgomp is loaded already (by numba or another library)."""
     from numba.np.ufunc import parallel
 
-    if getattr(parallel, "_is_initialized", False):
-        return True
-    try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as fh:
-            return "libgomp" in fh.read()
-    except OSError:  # not Linux: nothing to tell
-        return False
+    return bool(getattr(parallel, "_is_initialized", False))
