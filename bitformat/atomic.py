@@ -267,7 +267,8 @@ def check_not_source(source: str | os.PathLike, out: str | os.PathLike, *, folde
     with contextlib.suppress(OSError):
         same = same or os.path.samefile(src, dst)
     if same and (folder or src.is_dir()):
-        raise OutputPathError(f"is the source {source}; give another output path",
+        named = "" if str(source) == str(out) else f" {source}"
+        raise OutputPathError(f"is the source{named} itself; give another output path",
                               path=str(out))
     if dst in src.parents:
         raise OutputPathError(f"holds the source {source}; give another output path",

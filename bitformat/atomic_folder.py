@@ -27,25 +27,27 @@ from .errors import BitformatIOError, OutputPathError
 MANIFEST = ".bitformat-export.json"
 
 
-def check_folder_target(target: Path) -> None:
-    """Refuse a folder output that bitformat must not replace (see the module docstring)."""
+def check_folder_target(target: Path, shown: str | None = None) -> None:
+    """Refuse a folder output that bitformat must not replace (see the module docstring);
+    ``shown`` is the path as the user gave it, for messages."""
+    shown = shown or str(target)
     here = Path.cwd().resolve()
     real = target.resolve()
     if real == here or real in here.parents:
         raise OutputPathError("is the current folder or holds it; give a new folder's path",
-                              path=str(target))
+                              path=shown)
     if target.is_symlink():
-        raise OutputPathError("is a symbolic link; give a folder's own path", path=str(target))
+        raise OutputPathError("is a symbolic link; give a folder's own path", path=shown)
     if not os.path.lexists(target):
         return
     if not target.is_dir():
         raise OutputPathError("is a file; an hf export is a folder: give a new folder's path",
-                              path=str(target))
+                              path=shown)
     problem = foreign_content(target)
     if problem:
         raise OutputPathError(f"{problem}; bitformat replaces only folders it wrote itself. "
                               "Give a new folder's path (or remove this one yourself)",
-                              path=str(target))
+                              path=shown)
 
 
 def foreign_content(folder: Path) -> str | None:
@@ -169,14 +171,14 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """
     target = Path(os.path.abspath(path))
     parent = target.parent
-    check_folder_target(target)
+    check_folder_target(target, str(path))
     remove_strays(target)
     try:
         tmp_name, lock = claim(lambda: tempfile.mkdtemp(prefix=f".{target.name}.",
                                                          suffix=".partial", dir=parent))
     except OSError as exc:
         raise BitformatIOError(f"cannot create a folder next to it: {exc.strerror}",
-                               path=str(target)) from None
+                               path=str(path)) from None
     tmp = Path(tmp_name)
     old = None
     committed = False
@@ -188,7 +190,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         _write_manifest(tmp)
         _fsync_tree(tmp)
         with _commit_lock(parent):
-            check_folder_target(target)  # it may have appeared or changed meanwhile
+            check_folder_target(target, str(path))  # it may have appeared or changed meanwhile
             old = _swap_in(tmp, target)
             committed = True
         checkpoint("committed")
@@ -198,7 +200,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and not isinstance(exc, BitformatIOError):
             raise BitformatIOError(f"write failed: {exc.strerror or exc}",
-                                   path=str(target)) from exc
+                                   path=str(path)) from exc
         raise
     finally:
         os.close(lock)

@@ -186,6 +186,17 @@ def render(variants: list[Variant], args, cpu: str) -> str:
                      f"{idle:.2f} ({ni}) "
                      f"| {busy:.2f} ({nb}) | {busy / ref_busy:.2f} | {max(oi, ob):.2f} |")
     lines += ["", "(n): measurements in the median (uncontended ones where there were any)."]
+    by_label = {v.label: v for v in variants}
+    for v in variants:
+        before = by_label.get(f"{v.label}, before")
+        if before is None:
+            continue
+        for load in ("idle", "busy"):
+            ratios = [a[0] / b[0] for a, b in zip(v.runs[load], before.runs[load], strict=False)]
+            lines.append(f"{v.label}, {load}: this tree / before, per round: "
+                         f"{', '.join(f'{r:.2f}' for r in ratios)} (median "
+                         f"{statistics.median(ratios):.2f})." if ratios else "")
+    lines.append("")
     return "\n".join(lines) + "\n"
 
 
