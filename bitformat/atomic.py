@@ -37,7 +37,8 @@ try:
 except ImportError:  # Windows: no flock; strays are then removed by age (STALE_SECONDS)
     fcntl = None
 
-#: Where locks cannot be taken, strays older than this are taken as stale.
+#: Where locks cannot be taken (no flock, or the file system refuses it), strays older than
+#: this are taken as stale.
 STALE_SECONDS = 24 * 3600
 #: Test hook: ``BITFORMAT_PAUSE_AT=<moment>`` stops the process at that moment (see
 #: :func:`checkpoint`; tests/test_kill.py kills it there).
