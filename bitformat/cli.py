@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -16,17 +17,19 @@ import click
 
 from . import __version__
 from .cli_helpers import CompileNotice, check_output, check_threads, quantized_line
-from .errors import BitformatError
+from .errors import BitformatError, Terminated
 
 CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "rans", "hf")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # matplotlib's savefig picks the format by extension
 
 
 def _friendly_errors(fn):
-    """Turn bitformat's errors into one-line messages (exit 1) and Ctrl-C into exit 130."""
+    """Turn bitformat's errors into one-line messages (exit 1), Ctrl-C into exit 130 and
+    SIGTERM into exit 143, both after the atomic writers removed their unfinished output."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        previous = _catch_sigterm()
         try:
             return fn(*args, **kwargs)
         except BitformatError as exc:
@@ -37,8 +40,29 @@ def _friendly_errors(fn):
             done = ": nothing was written" if fn.__name__ in ("convert", "synth", "report") else ""
             click.echo(f"interrupted{done}", err=True)
             sys.exit(130)
+        except Terminated:
+            click.echo("terminated: no unfinished output was left", err=True)
+            sys.exit(143)
+        finally:
+            if previous is not False:
+                signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
 
     return wrapper
+
+
+def _catch_sigterm():
+    """Make SIGTERM (timeout, systemd, docker stop) raise :class:`Terminated` in this thread,
+    as SIGINT raises KeyboardInterrupt; return the handler to restore (False off the main
+    thread, where Python cannot handle signals)."""
+
+    def terminated(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: let the cleanup finish
+        raise Terminated
+
+    try:
+        return signal.signal(signal.SIGTERM, terminated)
+    except ValueError:
+        return False
 
 
 class _Progress:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import check_not_source
 from .constants import GGML_BLOCK_LAYOUT, GGMLType, ValueType
 from .errors import FormatError, MetadataError, ShapeError, UnsupportedConversionError
 from .formats import FORMAT_IDS, get_format, rans_float
@@ -339,11 +340,13 @@ def convert(source: str | os.PathLike, out: str | os.PathLike, format_id: str, *
             progress: Callable[[TensorEntry], None] | None = None) -> ConvertReport:
     """Convert the model at ``source`` into container ``format_id`` at ``out``.
 
-    ``out`` may be ``source`` itself: the new file replaces it only once complete. Float
-    master weights of a BitNet model are quantized on the way (:mod:`bitformat.quantize`, listed
-    in the report's ``quantized``); a model with nothing ternary is refused
-    (:func:`require_ternary`).
+    ``out`` may be ``source`` itself: the new file replaces it only once complete. An output
+    that would destroy the source (an hf folder at the source's path or around it) is
+    refused with :class:`~.errors.OutputPathError`. Float master weights of a BitNet model
+    are quantized on the way (:mod:`bitformat.quantize`, listed in the report's
+    ``quantized``); a model with nothing ternary is refused (:func:`require_ternary`).
     """
+    check_not_source(source, out, folder=format_id == "hf")
     model = open_model(source, i2s_variant=i2s_variant)
     try:
         require_ternary(model)

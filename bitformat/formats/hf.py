@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_dir
+from ..atomic import checkpoint
+from ..atomic_folder import atomic_dir
 from ..constants import GGMLType
 from ..errors import (
     FormatError,
@@ -415,6 +416,7 @@ def _write_packed(model, packed_path: Path, fdt: str, allow: bool, report, progr
             else:
                 plan.append((f"{hf}.weight", fdt, e.shape,
                              int(np.prod(e.shape)) * ST_ITEMSIZE[fdt], ("plain", e.name)))
+            checkpoint("tensor")
             report.tensors += 1
             if progress is not None:
                 progress(e)

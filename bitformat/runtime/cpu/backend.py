@@ -35,6 +35,7 @@ from . import ops
 from . import rans as KR
 from . import rans_rows as RR
 from .arena import WeightArena, resident_copy
+from .threadpool import load_tbb
 
 #: How rans matrices run: decoded once at load into stfma rows in the arena (the 2-bit kernels,
 #: as fast as i2_s), or decoded inside every mat-vec from the file's words ("fused").
@@ -101,6 +102,7 @@ class CpuBackend(Backend):
 
     def __init__(self, model: Model, *, i2s_variant: str = "x86", threads: int | None = None,
                  kernel: str | None = None, validate: bool = True, decode: str = "load"):
+        load_tbb()  # before numba starts its threads: work stealing (see .threadpool)
         import numba
 
         if decode not in DECODE_MODES:
