@@ -177,7 +177,7 @@ class Engine:
         with self._cv:
             if self._closing or self._thread is None or not self._thread.is_alive():
                 raise UnavailableError("the server is shutting down")
-            if len(self._waiting) >= self.max_queue and len(self._active) >= self.max_batch:
+            if len(self._waiting) + len(self._active) >= self.max_batch + self.max_queue:
                 raise UnavailableError(f"the server is busy: {len(self._active)} requests "
                                        f"running and {len(self._waiting)} waiting; try again")
             h = Handle(self, request, on_event, next(self._ids))
@@ -207,7 +207,8 @@ class Engine:
     def load(self) -> dict[str, int]:
         with self._cv:
             return {"running": len(self._active), "waiting": len(self._waiting),
-                    "max_batch": self.max_batch}
+                    "max_batch": self.max_batch, "steps": self.steps,
+                    "generated_tokens": self.tokens}
 
     # -- the engine thread ---------------------------------------------------------------------
     def _main(self, warmup: bool, ready: threading.Event) -> None:

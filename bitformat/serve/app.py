@@ -166,8 +166,9 @@ class Server:
                     pass
 
             limit = p.max_tokens if p.max_tokens is not None else self.engine.context
-            handle = self.engine.submit(EngineRequest(p.prompt, limit, p.sampling, p.stop),
-                                        on_event)
+            req = EngineRequest(p.prompt, limit, p.sampling, p.stop,
+                                [] if p.ignore_eos else None)
+            handle = self.engine.submit(req, on_event)
         except _BodyTooLarge:
             return error(413, f"the request body is larger than {MAX_BODY} bytes")
         except BitformatError as exc:

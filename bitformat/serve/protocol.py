@@ -42,6 +42,7 @@ class Params:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False  # vLLM's extension: the answer's token ids in the choice
+    ignore_eos: bool = False  # llama.cpp's and vLLM's extension: end-of-turn tokens do not stop
 
 
 def _bad(param: str, what: str) -> RequestError:
@@ -122,7 +123,7 @@ def _common(body: Any, prompt: list[int], *, chat: bool) -> Params:
             raise _bad("stream_options", f"must be an object, got {opts!r}")
     include_usage = _bool(opts or {}, "include_usage")
     return Params(model, prompt, max_tokens, sampling, stop, stream, include_usage,
-                  _bool(body, "return_token_ids"))
+                  _bool(body, "return_token_ids"), _bool(body, "ignore_eos"))
 
 
 def _need_tokenizer(tokenizer: Any, what: str) -> None:
