@@ -39,6 +39,7 @@ def start(path, *args):
             break
         lines.append(line)
         if line.startswith("serving "):
+            proc.startup = "".join(lines)  # what it printed up to then
             return proc, line.split(" at ")[1].strip()[: -len("/v1")]
     proc.kill()
     raise AssertionError("the server did not start:\n" + "".join(lines))
@@ -178,8 +179,15 @@ def ask(client, i):
 
 
 def test_concurrent_requests_equal_run(tiny_gguf, client):
-    with ThreadPoolExecutor(8) as pool:  # 8 requests, 3 slots: some wait, all share passes
-        got = list(pool.map(lambda i: ask(client, i), range(8)))
+    with ThreadPoolExecutor(9) as pool:  # 8 requests, 3 slots: some wait, all share passes
+        jobs = [pool.submit(ask, client, i) for i in range(8)]
+        waits = []
+        while not all(j.done() for j in jobs):  # /health answers meanwhile, and at once
+            t0 = time.perf_counter()
+            assert client.get("/health").json()["status"] == "ok"
+            waits.append(time.perf_counter() - t0)
+        got = [j.result() for j in jobs]
+    assert waits and max(waits) < 2.0, max(waits)
     for i, (prompt, body, text, ids) in enumerate(got):
         want = run_cli(tiny_gguf, *(["--chat"] if "messages" in body else []), "-p", prompt,
                        "-n", str(body["max_tokens"]), "--temperature",
