@@ -173,3 +173,29 @@ def test_text_stream_holds_back_stop_prefixes_and_partial_characters():
     feed(ts, b"a\xc3")
     assert ts.finish() == "\ufffd"  # an unfinished character at the end is shown as U+FFFD
     assert TextStream(Chars(), stop=["b"]).add(ord("a")) == ("a", None)
+
+
+class Failing(Slow):
+    """Raises on the first step (a bug or a lost device), then works."""
+
+    failed = False
+
+    def decode(self, segments, samplers):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("boom")
+        return self.net.decode(segments, samplers)
+
+
+def test_a_failed_step_ends_its_requests_not_the_engine(cpu_models):
+    eng = Engine(Failing(cpu_models["i2_s"].net), None).start(warmup=False)
+    try:
+        first, second = Collector(), Collector()
+        eng.submit(Request([1, 2], 3), first)
+        assert first.done.wait(30)
+        assert first.events[-1].finish_reason == "error" and "boom" in str(first.events[-1].error)
+        eng.submit(Request([1, 2], 3), second)
+        assert second.done.wait(30) and second.events[-1].finish_reason == "length"
+        assert len(second.tokens) == 3
+    finally:
+        eng.close(30)

@@ -112,6 +112,12 @@ def _emit(handle: Handle, event: Event) -> None:
         log.exception("request %d: event listener failed", handle.id)
 
 
+def _as_error(exc: Exception) -> BitformatError:
+    if isinstance(exc, BitformatError):
+        return exc
+    return BitformatError(f"the model failed: {type(exc).__name__}: {exc}")
+
+
 def _fail(handle: Handle, error: BitformatError) -> None:
     """End a request that never got a slot."""
     _emit(handle, Event("", None, "error", len(handle.request.prompt), 0, error))
@@ -227,11 +233,17 @@ class Engine:
                     h = self._waiting.popleft()
                     try:
                         self._active.append(_Slot(h, self.net, self.tokenizer, self.context))
-                    except BitformatError as exc:  # e.g. a GPU cache that cannot be that long
-                        _fail(h, exc)
+                    except Exception as exc:  # e.g. a GPU cache that cannot be that long
+                        _fail(h, _as_error(exc))
                 self._active = [s for s in self._active if not s.handle.cancelled]
             if self._active:
-                self._step()
+                try:
+                    self._step()
+                except Exception as exc:  # a failure ends the requests in flight, not the engine
+                    log.exception("a batched step failed")
+                    for s in self._active:
+                        s.emit("", None, "error", _as_error(exc))
+                    self._remove(list(self._active))
         stopping = UnavailableError("the server is shutting down")
         with self._cv:
             active, waiting = self._active, list(self._waiting)
@@ -263,16 +275,7 @@ class Engine:
             else:
                 segs.append(Segment([s.last], s.cache))
             slots.append(s)
-        try:
-            tokens = self.net.decode(segs, [s.sampler for s in slots])
-        except Exception as exc:  # a failure ends this step's requests, not the engine
-            log.exception("a batched step failed")
-            err = exc if isinstance(exc, BitformatError) else BitformatError(
-                f"the model failed: {type(exc).__name__}: {exc}")
-            for s in slots:
-                s.emit("", None, "error", err)
-            self._remove(slots)
-            return
+        tokens = self.net.decode(segs, [s.sampler for s in slots])
         self.steps += 1
         finished = []
         for s, seg, token in zip(slots, segs, tokens, strict=True):
