@@ -95,6 +95,11 @@ def test_health_models_auth_and_routes(server, client):
         assert r.status_code == 404 and r.json()["error"]["code"] == code, r.text
     r = client.get("/v1/chat/completions")
     assert r.status_code == 405 and "error" in r.json()
+    r = httpx.options(f"{server}/v1/chat/completions", headers={  # a browser's preflight
+        "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] in ("*",
+                                                                                 "http://ui.example")
 
 
 BAD = [

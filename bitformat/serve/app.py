@@ -10,7 +10,8 @@ for a whole answer) cancels its request, which frees its slot at the next step.
 Errors are OpenAI's JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for a
 request that cannot be served, 401 for a missing or wrong API key, 404 for an unknown route
 or model, 405 for a wrong method, 413 for a body over ``MAX_BODY``, 503 while the queue is
-full or the server is stopping.
+full or the server is stopping. CORS is open (any origin), as llama.cpp's server does, so a
+chat UI served from elsewhere can call it from a browser; the API key still applies.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -122,7 +124,9 @@ class Server:
 
         app = Starlette(routes=routes, exception_handlers={HTTPException: http_error,
                                                            Exception: crash})
-        return _Auth(app, api_key)
+        # browser chat UIs on another origin ask first (CORS preflight, without the key)
+        return CORSMiddleware(_Auth(app, api_key), allow_origins=["*"], allow_methods=["*"],
+                              allow_headers=["*"])
 
     # -- plain routes -----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
