@@ -82,8 +82,14 @@ def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int =
     stats.prompt_tokens = len(prompt)
     if max_new_tokens == 0:
         return
-    for a, b in prompt_chunks(len(prompt)):  # only the last chunk's token is used
-        token = model.decode([Segment(prompt[a:b], cache)], [sampler])[0]
+    *head, (a, b) = prompt_chunks(len(prompt))
+    run_only = getattr(model, "forward_hidden", None)  # the chunks before the last need no head
+    for a0, b0 in head:
+        if run_only is not None:
+            run_only([Segment(prompt[a0:b0], cache)])
+        else:
+            model.decode([Segment(prompt[a0:b0], cache)], [sampler])
+    token = model.decode([Segment(prompt[a:b], cache)], [sampler])[0]
     for i in range(max_new_tokens):
         now = time.perf_counter()
         if i == 0:
