@@ -261,3 +261,10 @@ def test_sigterm_ends_streams_and_frees_the_port(tiny_gguf):
     with socket.socket() as s:  # the port is free again
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
+
+
+def test_cli_refuses_bad_options(tiny_gguf):
+    r = CliRunner().invoke(main, ["serve", str(tiny_gguf), "--max-batch", "0"])
+    assert r.exit_code == 2 and "--max-batch" in r.output
+    r = CliRunner().invoke(main, ["serve", str(tiny_gguf), "--port", "70000"])
+    assert r.exit_code == 2 and "--port" in r.output
