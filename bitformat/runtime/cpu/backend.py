@@ -299,9 +299,11 @@ class CpuBackend(Backend):
         when another process holds their cores (measured on a busy 2-core VM: 5 us vs 5 ms for
         a 32 KB mat-vec, 1.3 vs 5 tokens/s for 2B-4T). So small matrices always run on one
         thread, and unless ``threads`` was given, a :class:`ThreadPicker` per kernel, matrix
-        size and kind of call (one token, or a prompt: the last argument is always the output
-        ``[T, rows]``) times the calls and keeps whichever setting streams more bytes per
-        second.
+        size and kind of call (the number of tokens T up to ``BATCH_TOKENS``, or a prompt: the
+        last argument is always the output ``[T, rows]``) times the calls and keeps whichever
+        setting streams more bytes per second. A batched decode step of 2 tokens and one of 8
+        take different times for the same bytes, so they must not share a picker: one that
+        compared 1 thread at 2 tokens with 2 threads at 8 would keep 1 thread for both.
         """
         picker = None
         if nbytes < SERIAL_BYTES:
@@ -309,7 +311,8 @@ class CpuBackend(Backend):
         elif self._pickers is None:
             n = self.threads
         else:
-            key = (kernel, nbytes, args[-1].shape[0] > 1)
+            rows = args[-1].shape[0]  # a rate is comparable only between calls of one size
+            key = (kernel, nbytes, rows if rows <= BATCH_TOKENS else 0)
             picker = self._pickers.get(key)
             if picker is None:
                 picker = self._pickers[key] = ThreadPicker(self.threads)
