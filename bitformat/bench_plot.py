@@ -16,14 +16,14 @@ import os
 from pathlib import Path
 
 from .bench import CLASSES, LABELS, BenchResult
-from .report_plot import STYLE
+from .report_plot import STYLE, save_figure
 
 COLOURS = {"ternary": "#4c72b0", "lm_head": "#dd8452", "other": "#55a868",
            "attention": "#c44e52"}
 
 
 def plot_bench(result: BenchResult, out: str | os.PathLike) -> None:
-    """Draw ``result`` into the PNG file ``out``."""
+    """Draw ``result`` into ``out``: PNG, SVG or PDF by its extension (written atomically)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -84,7 +84,7 @@ def plot_bench(result: BenchResult, out: str | os.PathLike) -> None:
     right.set_title("where a token's time goes")
     right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
     right.grid(axis="x", alpha=0.3)
-    fig.savefig(out, dpi=110, format="png")
+    save_figure(fig, out)
 
 
 def _reference_rates(cs: list) -> list[float]:

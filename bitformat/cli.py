@@ -9,31 +9,60 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 from pathlib import Path
 
 import click
 
-from .errors import BitformatError
+from . import __version__
+from .cli_helpers import CompileNotice, check_output, check_threads, quantized_line
+from .errors import BitformatError, Terminated
 
 CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "rans", "hf")
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # matplotlib's savefig picks the format by extension
 
 
 def _friendly_errors(fn):
-    """Turn bitformat's errors into one-line messages (exit 1) and Ctrl-C into exit 130."""
+    """Turn bitformat's errors into one-line messages (exit 1), Ctrl-C into exit 130 and
+    SIGTERM into exit 143, both after the atomic writers removed their unfinished output."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        previous = _catch_sigterm()
         try:
             return fn(*args, **kwargs)
         except BitformatError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            click.echo("interrupted: nothing was written", err=True)
+            # convert, synth and report (its plot) write their output only once complete
+            done = ": nothing was written" if fn.__name__ in ("convert", "synth", "report") else ""
+            click.echo(f"interrupted{done}", err=True)
             sys.exit(130)
+        except Terminated:
+            click.echo("terminated: no unfinished output was left", err=True)
+            sys.exit(143)
+        finally:
+            if previous is not False:
+                signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
 
     return wrapper
+
+
+def _catch_sigterm():
+    """Make SIGTERM (timeout, systemd, docker stop) raise :class:`Terminated` in this thread,
+    as SIGINT raises KeyboardInterrupt; return the handler to restore (False off the main
+    thread, where Python cannot handle signals)."""
+
+    def terminated(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: let the cleanup finish
+        raise Terminated
+
+    try:
+        return signal.signal(signal.SIGTERM, terminated)
+    except ValueError:
+        return False
 
 
 class _Progress:
@@ -65,7 +94,7 @@ def _show(result, render, as_json: bool, plot: Path | None) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="bitformat")
+@click.version_option(__version__, prog_name="bitformat")
 def main() -> None:
     """Lossless containers and converters for ternary (BitNet b1.58) weights."""
 
@@ -133,6 +162,8 @@ def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: 
         bar.close()
     click.echo(f"wrote {out} ({target}, {report.tensors} tensors, "
                f"{report.ternary_weights:,} ternary weights)")
+    if report.quantized:
+        click.echo(quantized_line(report.quantized))
     for name, loss in report.scale_changes.items():
         click.echo(f"  scale of {name} rounded: relative change up to {loss:.3g}")
 
@@ -141,7 +172,7 @@ def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: 
 @click.argument("file", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also draw the report as a PNG at this path.")
+              help="Also draw the report at this path (.png, .svg or .pdf, by its extension).")
 @click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
               show_default=True, help="i2_s block layout of FILE (files do not record it).")
 @_friendly_errors
@@ -151,6 +182,7 @@ def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> Non
     from .container import open_model
     from .report import build_report, render
 
+    check_output(plot, "--plot", PLOT_SUFFIXES)
     with open_model(file, i2s_variant=i2s_layout) as model:
         total = sum(e.nbytes for e in model.entries)
     bar = _Progress(total, "measuring")
@@ -168,7 +200,9 @@ def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> Non
 @main.command()
 @click.option("--preset", type=click.Choice(["tiny", "2b4t"]), default="tiny",
               show_default=True, help="Model size: tiny (tests) or 2b4t (BitNet 2B-4T).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Draws the weights; the same seed gives the same file on every machine and "
+                   "Python version (for one release of the tokenizers package).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="Where to write the model (an i2_s GGUF container).")
 @_friendly_errors
@@ -214,7 +248,11 @@ def _parse_ids(text: str | None) -> list[int] | None:
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None)
-@click.option("--threads", type=int, default=None, help="CPU threads (default: adaptive).")
+@click.option("--threads", type=int, default=None, callback=check_threads,
+              help="CPU threads (default: adaptive; at most the cores available).")
+@click.option("--show-special", is_flag=True,
+              help="Show special tokens (<|eot_id|>, ...) in the text; hidden by default, as in "
+                   "llama.cpp.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print token ids, text and timings as one JSON object at the end.")
 @click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
@@ -222,21 +260,25 @@ def _parse_ids(text: str | None) -> list[int] | None:
 @_friendly_errors
 def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int, backend: str,
         chat: bool, temperature: float, top_k: int, top_p: float, repetition_penalty: float,
-        seed: int | None, threads: int | None, as_json: bool, i2s_layout: str) -> None:
-    """Generate text from FILE (any container or HF folder), streaming as it goes."""
-    from .runtime import load
+        seed: int | None, threads: int | None, show_special: bool, as_json: bool,
+        i2s_layout: str) -> None:
+    """Generate text from FILE (any container or HF folder), streaming as it goes.
+
+    The first run on a machine compiles the cpu kernels (about 20 s, said on stderr, kept out
+    of the reported speeds; `bitformat warmup` does it ahead)."""
+    from .cli_helpers import ready_model
 
     ids = _parse_ids(prompt_ids)
     if (prompt is None) == (ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
-    kwargs = {"threads": threads} if backend == "cpu" else {}
-    with load(file, backend=backend, i2s_variant=i2s_layout, **kwargs) as model:
+    with ready_model(file, backend, i2s_layout, threads) as model:
         tokens: list[int] = []
         pieces: list[str] = []
         finish = None
         for r in model.stream_generate(prompt if ids is None else ids, max_tokens, chat=chat,
                                        temperature=temperature, top_k=top_k, top_p=top_p,
-                                       repetition_penalty=repetition_penalty, seed=seed):
+                                       repetition_penalty=repetition_penalty, seed=seed,
+                                       skip_special=not show_special):
             if r.token is not None:
                 tokens.append(r.token)
             pieces.append(r.text)
@@ -260,6 +302,40 @@ def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int,
                f"{stats.generation_tps:.1f} tok/s, {stats.weight_bytes_per_token / 1e6:.2f} MB "
                f"of weights + {stats.kv_bytes_last_token / 1e6:.3f} MB of KV cache read per "
                "token", err=True)
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(["cpu", "wgpu"]), default="cpu",
+              show_default=True)
+@_friendly_errors
+def warmup(backend: str) -> None:
+    """Compile every kernel a model can use on this machine, ahead of the first run.
+
+    numba compiles the cpu kernels for the CPU that runs them, on first use, and caches them
+    on disk (beside the installed package, or in NUMBA_CACHE_DIR); pip cannot do it at install
+    time. This runs a tiny synthetic model through every container once (about a minute the
+    first time, seconds afterwards), so the first `bitformat run` starts at once."""
+    from tqdm import tqdm
+
+    from .runtime.warmup import on_compile, warm_up_all
+
+    notice = CompileNotice()
+    with tqdm(desc="warmup", unit="model", leave=False, file=sys.stderr,
+              disable=not sys.stderr.isatty()) as bar:
+        def progress(what: str, index: int, total: int) -> None:
+            bar.total = total
+            bar.n = index
+            bar.set_postfix_str(what)
+
+        try:
+            with on_compile(notice):
+                steps = warm_up_all(backend, progress=progress)
+        finally:
+            notice.close()
+    for s in steps:
+        click.echo(f"  {s.what:<24} ready in {s.seconds:6.2f} s")
+    click.echo(f"kernels ready: {notice.count} compiled now" if notice.count else
+               "kernels ready: all were already in numba's cache")
 
 
 @main.command()
@@ -306,11 +382,13 @@ def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, m
               help="Decode steps timed (after a fixed 8-token prompt and 1 warm-up step).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also draw bytes per token against ms per token as a PNG at this path.")
+              help="Also draw bytes per token against ms per token at this path (.png, .svg or "
+                   ".pdf).")
 @click.option("--keep-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write the converted containers here and keep them (default: a temporary "
                    "folder, each deleted after its run).")
-@click.option("--threads", type=int, default=None, help="CPU threads (default: adaptive).")
+@click.option("--threads", type=int, default=None, callback=check_threads,
+              help="CPU threads (default: adaptive; at most the cores available).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="wgpu: profiled runs per container (the median is kept).")
 @click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
@@ -325,6 +403,7 @@ def bench(file: Path, backend: str, formats: str, tokens: int, as_json: bool,
 
     from .bench import parse_formats, render, run_bench
 
+    check_output(plot, "--plot", PLOT_SUFFIXES)
     fids = parse_formats(formats)
     with tqdm(total=len(fids), desc="bench", unit="container", leave=False, file=sys.stderr,
               disable=not sys.stderr.isatty()) as bar:

@@ -21,12 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import check_not_source
 from .constants import GGML_BLOCK_LAYOUT, GGMLType, ValueType
-from .errors import FormatError, MetadataError
+from .errors import FormatError, MetadataError, UnsupportedConversionError
 from .formats import FORMAT_IDS, get_format
 from .formats.base import TernaryFormat
 from .gguf_io import GGUFReader, GGUFWriter, MetaValue
 from .modelfile import ConvertReport, Model, TensorEntry
+from .quantize import MASTER_ARCHITECTURES, quantize
+from .safetensors_io import FLOAT_DTYPES, as_float32
 from .ternary import TernaryTensor
 
 CONTAINER_VERSION = 1
@@ -57,6 +60,8 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
     spath = str(path)
     entries: list[TensorEntry] = []
     codecs: dict[str, tuple[TernaryFormat, int, int, float | None]] = {}
+    masters: dict[str, str] = {}  # tensor -> its float type
+    rules: dict[str, str] = {}
     for info in reader.tensors.values():
         enc_key = TENSOR_KEY.format(name=info.name, field="encoding")
         if info.ggml_type in NATIVE_TYPES:
@@ -95,11 +100,19 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
                                   tensor=info.name)
             codecs[info.name] = (fmt, rows, cols, scale)
             entries.append(TensorEntry(info.name, (rows, cols), fid, info.nbytes, True))
+        elif _is_master(reader, info):  # f32/f16/bf16 BitNet weights, quantized on reading
+            masters[info.name] = info.ggml_type.name
+            entries.append(TensorEntry(info.name, info.shape, info.ggml_type.name.lower(),
+                                       info.nbytes, True))
         else:
             entries.append(TensorEntry(info.name, info.shape, info.ggml_type.name,
                                        info.nbytes, False))
 
     def load_ternary(name: str) -> TernaryTensor:
+        if name in masters:
+            w = as_float32(reader.raw(name), masters[name]).reshape(reader.tensors[name].shape)
+            trits, scale, rules[name] = quantize(w)
+            return TernaryTensor(trits, np.float32([scale]), 0, name)
         if name not in codecs:
             raise KeyError(f"{name!r} is not a ternary tensor")
         fmt, rows, cols, scale = codecs[name]
@@ -110,8 +123,39 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
 
     kinds = {e.encoding for e in entries if e.ternary}
     container = kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "none")
-    return Model(spath, dict(reader.metadata), entries, container, load_ternary, load_plain,
-                 reader.close)
+    model = Model(spath, dict(reader.metadata), entries, container, load_ternary, load_plain,
+                  reader.close)
+    model.quantized, model.quantize_rules = masters, rules
+    return model
+
+
+def _is_master(reader: GGUFReader, info) -> bool:
+    """A BitNet projection stored as a plain float matrix (bitnet.cpp's f32/f16 GGUFs)."""
+    return (reader.metadata.get("general.architecture") is not None
+            and reader.metadata["general.architecture"].plain() in MASTER_ARCHITECTURES
+            and info.ggml_type.name in FLOAT_DTYPES and len(info.shape) == 2
+            and TERNARY_NAME.match(info.name) is not None)
+
+
+def require_ternary(model: Model) -> None:
+    """Refuse a model with no ternary tensors, saying why (clearly not BitNet, or which type
+    its projections have)."""
+    if any(e.ternary for e in model.entries):
+        return
+    arch = model.architecture
+    if arch not in MASTER_ARCHITECTURES:
+        raise UnsupportedConversionError(
+            f"no ternary weights: architecture {arch!r} is not BitNet b1.58 (bitformat reads "
+            f"ternary tensors, and quantizes float weights of {', '.join(MASTER_ARCHITECTURES)}"
+            " models only)", path=model.path)
+    proj = next((e for e in model.entries if TERNARY_NAME.match(e.name)), None)
+    if proj is None:
+        raise UnsupportedConversionError("no ternary weights and no BitNet projections "
+                                         "(blk.N.attn_q.weight ...)", path=model.path)
+    raise UnsupportedConversionError(
+        f"no ternary weights: the projections are {proj.encoding}, which bitformat does not "
+        "read (ternary encodings, or F32/F16/BF16 master weights to quantize)",
+        path=model.path, tensor=proj.name)
 
 
 def _i2s(variant: str) -> TernaryFormat:
@@ -244,18 +288,28 @@ def convert(source: str | os.PathLike, out: str | os.PathLike, format_id: str, *
             progress: Callable[[TensorEntry], None] | None = None) -> ConvertReport:
     """Convert the model at ``source`` into container ``format_id`` at ``out``.
 
-    ``out`` may be ``source`` itself: the new file replaces it only once complete.
+    ``out`` may be ``source`` itself: the new file replaces it only once complete. An output
+    that would destroy the source (an hf folder at the source's path or around it) is
+    refused with :class:`~.errors.OutputPathError`. Float master weights of a BitNet model
+    are quantized on the way (:mod:`bitformat.quantize`, listed in the report's
+    ``quantized``); a model with nothing ternary is refused (:func:`require_ternary`).
     """
+    check_not_source(source, out, folder=format_id == "hf")
     model = open_model(source, i2s_variant=i2s_variant)
     try:
+        require_ternary(model)
         if format_id == "hf":
             from .formats import hf
 
-            return hf.write_hf(model, out, allow_scale_rounding=allow_scale_rounding,
-                               progress=progress)
-        if format_id not in FORMAT_IDS:
-            get_format(format_id)  # raises a clear "unknown format"
-        return write_gguf(model, out, get_format(format_id),
-                          allow_scale_rounding=allow_scale_rounding, progress=progress)
+            report = hf.write_hf(model, out, allow_scale_rounding=allow_scale_rounding,
+                                 progress=progress)
+        else:
+            if format_id not in FORMAT_IDS:
+                get_format(format_id)  # raises a clear "unknown format"
+            report = write_gguf(model, out, get_format(format_id),
+                                allow_scale_rounding=allow_scale_rounding, progress=progress)
+        report.quantized = {n: (t, model.quantize_rules.get(n, "")) for n, t in
+                            model.quantized.items()}
+        return report
     finally:
         model.close()

@@ -91,3 +91,13 @@ class GpuError(BitformatError, RuntimeError):
 
 class BitformatIOError(BitformatError, OSError):
     """Reading or writing a file failed at the operating-system level."""
+
+
+class OutputPathError(BitformatError, ValueError):
+    """An output path bitformat will not write to: it is (or holds) the source, or it is a
+    folder bitformat did not write."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. Raised by the CLI's signal handler so that writers clean up as they do
+    for Ctrl-C (``KeyboardInterrupt``); a ``BaseException`` for the same reason."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_file
+from .atomic import atomic_file, checkpoint
 from .constants import (
     GGML_BLOCK_LAYOUT,
     GGUF_DEFAULT_ALIGNMENT,
@@ -453,6 +453,7 @@ class GGUFWriter:
                 fh.write(buf)
                 fh.write(b"\0" * (-t.nbytes % self.alignment))
                 count += 1
+                checkpoint("tensor")
             if count != len(self.tensors):
                 raise ValueError(f"declared {len(self.tensors)} tensors, got data for {count}")
             if refresh_header:

@@ -46,6 +46,11 @@ class Model:
     _close: Callable[[], None] = field(repr=False, default=lambda: None)
     #: scales changed on reading (an HF "bitlinear" 1/s): tensor -> relative change
     scale_changes: dict[str, float] = field(default_factory=dict)
+    #: float master weights made ternary on reading (:mod:`bitformat.quantize`): tensor -> the
+    #: float type it is stored in ("F32", "F16", "BF16")
+    quantized: dict[str, str] = field(default_factory=dict)
+    #: tensor -> the quantization rule used, filled in as each such tensor is read
+    quantize_rules: dict[str, str] = field(default_factory=dict)
 
     def entry(self, name: str) -> TensorEntry:
         for e in self.entries:
@@ -90,3 +95,5 @@ class ConvertReport:
     tensors: int = 0
     ternary_weights: int = 0
     bytes_written: int = 0
+    #: float master weights quantized on the way: tensor -> (float type, rule)
+    quantized: dict[str, tuple[str, str]] = field(default_factory=dict)

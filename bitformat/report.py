@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .container import open_model
+from .container import open_model, require_ternary
 from .errors import ScaleLossError, ShapeError
 from .formats import FORMAT_IDS, get_format
 from .modelfile import Model, TensorEntry
@@ -37,6 +37,10 @@ CONTAINERS = (*[f for f in FORMAT_IDS if f != "rans"], "base3",
 LABELS = {"zstd19": "zstd-19 of i2_s", "colpack_u32": "colpack"}
 ZSTD_LEVEL = 19
 FLOORS = ("order0_tensor", "order0_row")
+#: what the order-0 lines bound, and why rans may go below them
+FLOOR_NOTE = ("order-0 floors bound a code of single trits with one table per tensor, per row or "
+              "for the whole model; rans can go below them: it leaves out dead rows and columns "
+              "(a flagged zero costs nothing) and codes each class of rows with its own table")
 
 
 @dataclass
@@ -172,6 +176,7 @@ def build_report(path, *, zstd_level: int = ZSTD_LEVEL, i2s_variant: str = "x86"
     >>> r.per_token["rans"]["share"]["lm_head"]                  # doctest: +SKIP
     """
     with open_model(path, i2s_variant=i2s_variant) as model:
+        require_ternary(model)
         report = Report(model.path, model.container, list(CONTAINERS))
         head, head_bytes, row_bytes = _lm_head(model)
         report.lm_head = head
@@ -250,6 +255,7 @@ def render(report: Report) -> str:
     lines.append(f"  floors: order-0 global {fl['order0_global']:.4f}, per tensor "
                  f"{fl['order0_tensor']:.4f}, per row {fl['order0_row']:.4f} bits per weight; "
                  f"zstd-19 column: Zstandard level 19 over the i2_s bytes")
+    lines.append(f"  {FLOOR_NOTE}")
     lines += ["", f"bytes one generated token reads (LM head: {report.lm_head})",
               f"{'container':<12}{'ternary':>12}{'LM head':>12}{'norms+row':>12}{'total':>12}"
               f"{'ternary %':>11}{'LM head %':>11}"]

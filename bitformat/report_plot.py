@@ -1,7 +1,8 @@
-"""The picture of a :class:`~bitformat.report.Report`: one PNG with two panels.
+"""The picture of a :class:`~bitformat.report.Report`: one figure (PNG, SVG or PDF), two panels.
 
 * Top: bits per weight of every tensor (by layer, then kind) in each container, with the
-  order-0 floors (per tensor, per row, and the model-wide global line) under them.
+  order-0 entropies (a table per tensor, per row, one for the model) drawn as black lines;
+  they bound single-trit codes, not rans (:data:`~bitformat.report.FLOOR_NOTE`).
 * Bottom: the bytes one generated token reads in each container, split into ternary weights,
   the LM head and the rest (norms and one embedding row), with the LM head's share written on.
 
@@ -13,8 +14,14 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
-from .report import LABELS, Report
+from .atomic import atomic_file
+from .errors import UnsupportedConversionError
+from .report import FLOOR_NOTE, LABELS, Report
+
+#: what :func:`save_figure` writes, chosen by the output's extension
+FIGURE_FORMATS = ("png", "svg", "pdf")
 
 KIND_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
@@ -39,7 +46,7 @@ def _order(names: list[str]) -> list[int]:
 
 
 def plot_report(report: Report, out: str | os.PathLike) -> None:
-    """Draw ``report`` into the PNG file ``out``."""
+    """Draw ``report`` into ``out``: PNG, SVG or PDF by its extension (written atomically)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -60,17 +67,19 @@ def plot_report(report: Report, out: str | os.PathLike) -> None:
         top.plot(x, y, ls, color=colour, marker=marker, markersize=3, lw=1.2, label=label)
     fl = report.model["floors"]
     top.plot(x, [tensors[i].floors["order0_tensor"] for i in order], color="black", lw=1,
-             ls="--", label=f"floor: order-0 per tensor ({fl['order0_tensor']:.3f})")
+             ls="--", label=f"order-0 entropy, a table per tensor ({fl['order0_tensor']:.3f})")
     top.plot(x, [tensors[i].floors["order0_row"] for i in order], color="black", lw=1, ls=":",
-             label=f"floor: order-0 per row ({fl['order0_row']:.3f})")
+             label=f"order-0 entropy, a table per row ({fl['order0_row']:.3f})")
     top.axhline(fl["order0_global"], color="grey", lw=0.8, ls="-.",
-                label=f"floor: order-0 global ({fl['order0_global']:.3f})")
+                label=f"order-0 entropy, one table ({fl['order0_global']:.3f})")
     _layer_ticks(top, [tensors[i].name for i in order])
     top.set_ylabel("bits per ternary weight")
     top.set_title(f"{os.path.basename(report.path)}: bits per weight per tensor "
                   "(model-wide in brackets)")
     top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     top.grid(axis="y", alpha=0.3)
+    top.text(0.0, -0.16, "black lines: " + FLOOR_NOTE, transform=top.transAxes, fontsize=7,
+             va="top", wrap=True)
 
     names = list(report.per_token)
     mb = {k: [report.per_token[c][k] / 1e6 for c in names] for k in
@@ -93,7 +102,17 @@ def plot_report(report: Report, out: str | os.PathLike) -> None:
     bottom.set_xlabel("MB read per generated token")
     bottom.set_title("bytes per generated token, by container")
     bottom.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(out, dpi=110, format="png")
+    save_figure(fig, out)
+
+
+def save_figure(fig, out: str | os.PathLike) -> None:
+    """Write ``fig`` to ``out`` in the format its extension names, atomically."""
+    fmt = Path(out).suffix.lower().lstrip(".")
+    if fmt not in FIGURE_FORMATS:
+        raise UnsupportedConversionError(f"cannot draw a {fmt or 'extension-less'} file; name "
+                                         "it .png, .svg or .pdf", path=str(out))
+    with atomic_file(out) as fh:
+        fig.savefig(fh, dpi=110, format=fmt)
 
 
 def _layer_ticks(ax, names: list[str]) -> None:

@@ -20,11 +20,10 @@ registered again as added tokens (``tokenizers`` assigns added tokens the next f
 token missing from the vocabulary would not keep its id).
 
 :func:`train_bpe` makes a real byte-level BPE for synthetic models (no model hub is reachable):
-it trains on Python standard-library source (see :func:`corpus`) and places Llama-3's special
-tokens at the top of the vocabulary. The trained part is capped at 32768 tokens (training the
-2B-4T layout takes about 2 s); ids between it and the special block hold
-``<|reserved_special_token_N|>`` fillers. The vocabulary therefore depends on the Python
-version's standard library, which is fixed for a given interpreter.
+it trains on generated text (see :func:`corpus`) and places Llama-3's special tokens at the top
+of the vocabulary. The trained part is capped at 32768 tokens; ids between it and the special
+block hold ``<|reserved_special_token_N|>`` fillers. The text is the same on every machine and
+Python version, so the vocabulary depends only on the ``tokenizers`` release that trains it.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,29 +154,11 @@ class BPEData:
 
 # -- training ---------------------------------------------------------------------------------
 def corpus(max_bytes: int | None = None) -> list[str]:
-    """Training text found on any machine with Python, in a fixed order.
+    """Training text, the same on every machine: :func:`bitformat.synth_text.training_text`
+    (generated prose and code, about ``max_bytes``)."""
+    from .synth_text import training_text
 
-    The standard library's ``pydoc_data/topics.py`` (English documentation) followed by its
-    top-level ``*.py`` modules sorted by name, stopping after the file that crosses
-    ``max_bytes``. Without a source tree (frozen or zipped installs) the docstrings of the
-    ``builtins`` module serve instead.
-    """
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = [root / "pydoc_data" / "topics.py"] + sorted(root.glob("*.py"))
-    texts: list[str] = []
-    total = 0
-    for f in files:
-        if not f.is_file():
-            continue
-        texts.append(f.read_text(encoding="utf-8", errors="replace"))
-        total += len(texts[-1])
-        if max_bytes is not None and total >= max_bytes:
-            break
-    if not texts:
-        import builtins
-
-        texts = [getattr(builtins, n).__doc__ or "" for n in sorted(dir(builtins))]
-    return texts
+    return training_text(max_bytes)
 
 
 @functools.lru_cache(maxsize=4)
@@ -192,7 +172,7 @@ def _trained(n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     trainer = trainers.BpeTrainer(vocab_size=n, min_frequency=2, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     # About 1 KB of text per trained token saturates the merge list; the cap keeps the tiny
-    # preset quick (~0.1 s) while 32k tokens read the whole corpus (~5 MB, ~1.5 s).
+    # preset quick (~0.1 s) while 32k tokens read the whole text (3 MB, ~4 s).
     tok.train_from_iterator(corpus(max(256 << 10, n * 1024)), trainer)
     model = json.loads(tok.to_str())["model"]
     by_id = sorted(model["vocab"].items(), key=lambda kv: kv[1])
@@ -210,7 +190,7 @@ def train_bpe(vocab_size: int, specials: list[str], *, max_trained: int = MAX_TR
     ``<|reserved_special_token_K|>`` fillers (K continuing after the highest reserved number
     among ``specials``), then ``specials`` in order. With :func:`llama3_specials` (256) and
     128256 tokens this is Llama 3's layout: bos 128000, eos 128001, eot 128009.
-    Deterministic for a given standard library.
+    Deterministic for a given ``tokenizers`` release.
     """
     n_free = vocab_size - len(specials)
     if min(n_free, max_trained) < 256:

@@ -88,7 +88,7 @@ def test_run_json_matches_python_api(tiny_gguf):
 
     r = run("run", tiny_gguf, "--prompt-ids", "1,2,3", "-n", 5, "--json")
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)  # stderr holds the synthetic-model note
     with bitformat.load(tiny_gguf, backend="cpu") as m:
         want = m.generate([1, 2, 3], 5)
     assert out["tokens"] == want.tokens and out["text"] == want.text

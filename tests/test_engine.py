@@ -150,7 +150,7 @@ def test_queue_cancel_and_close(cpu_models):
 class Chars:
     """A toy tokenizer: token i is the character i; 0xC3 0xA9 are the bytes of 'é'."""
 
-    def decode(self, ids):
+    def decode(self, ids, skip_special=True):
         return bytes(ids).decode("utf-8", errors="replace")
 
 

@@ -187,3 +187,19 @@ def test_meta_value_inference():
     assert MetaValue.of(["x"]).item_type == ValueType.STRING
     with pytest.raises(TypeError):
         MetaValue.of(object())
+
+
+def test_what_the_gguf_package_lists(tiny_containers):
+    """README: gguf-dump (the gguf package's reader) lists every GGUF container but i2_s, whose
+    GGML type 36 exists only in bitnet.cpp's fork."""
+    for fid, path in tiny_containers.items():
+        if fid == "i2_s":
+            if 36 in {int(t) for t in gguf.GGMLQuantizationType}:
+                pytest.fail("gguf now knows type 36: update the README's gguf-dump sentence")
+            with pytest.raises(ValueError, match="36"):
+                gguf.GGUFReader(str(path))
+            continue
+        ref = gguf.GGUFReader(str(path))
+        with GGUFReader(path) as ours:
+            assert [t.name for t in ref.tensors] == list(ours.tensors), fid
+            assert ref.fields["bitformat.format"].contents() == fid

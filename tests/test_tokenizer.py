@@ -269,3 +269,17 @@ def test_other_token_types_act_as_control(tiny_meta, tmp_path):
     to_hf_files(meta, tmp_path)
     back = from_hf_files(tmp_path)["tokenizer.ggml.token_type"].value
     assert back[-1] == 3 and np.array_equal(back[:-1], types[:-1])
+
+
+def test_training_text_is_frozen():
+    """The synthetic tokenizer's training text is generated from a fixed seed with integer
+    arithmetic only: the same bytes on every Python, OS and numpy (a change here changes every
+    `synth` file, so it must be deliberate)."""
+    import hashlib
+
+    from bitformat.synth_text import training_text
+
+    text = "".join(training_text(1 << 16))
+    assert len(text) >= 1 << 16 and text.isascii()
+    assert hashlib.sha256(text.encode()).hexdigest() == (
+        "a1d5bcea0bbb9898c895943a179f81ac485302cab1594d5c4a8622fae09f30a5")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on the built-in default model: synthesize a tiny BitNet model, carry it through
+# The main job on the built-in default model: synthesize a tiny BitNet model (random weights), carry it through
 # every container and back, check the round trip is byte-identical, and inspect the result.
 set -euo pipefail
 out=${DEMO_DIR:-out/demo}
@@ -20,3 +20,6 @@ fi
 bitformat inspect "$out/tiny.via.rans.gguf"
 bitformat report "$out/tiny.gguf" --plot "$out/report.png"
 bitformat run "$out/tiny.via.rans.gguf" -p "def hello(name):" -n 24
+echo
+echo "The text above is meaningless on purpose: the demo model's weights are random (bitformat synth)."
+echo "For the real BitNet b1.58 2B-4T model, see README.md, \"Real models\"."

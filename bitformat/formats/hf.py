@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_dir
+from ..atomic import checkpoint
+from ..atomic_folder import atomic_dir
 from ..constants import GGMLType
 from ..errors import (
     FormatError,
@@ -50,6 +51,7 @@ from ..errors import (
 )
 from ..gguf_io import MetaValue, sanitize
 from ..modelfile import ConvertReport, Model, TensorEntry
+from ..quantize import ABSMEAN, absmean
 from ..safetensors_io import (
     FLOAT_DTYPES,
     GGML_OF_ST,
@@ -107,18 +109,9 @@ def unpack_rows(packed: np.ndarray, *, path: str | None = None,
     return (codes.view(np.int8) - 1).reshape(4 * r, cols)
 
 
-def ternarise(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
-    """Absmean ternarisation as transformers' ``WeightQuant`` does it, in float32.
-
-    ``inv = 1 / max(mean|W|, 1e-5)``, ``t = clamp(round(W * inv), -1, 1)``; the weight it
-    uses is ``t / inv``, so the scale is ``1 / inv`` (both divisions rounded to float32). The
-    mean is the correctly rounded float32 of the exact mean; torch's float32 reduction may
-    differ from it in the last bit for large tensors.
-    """
-    m = np.float32(np.abs(w, dtype=np.float32).mean(dtype=np.float64))
-    inv = np.float32(1.0) / max(m, np.float32(1e-5))
-    trits = np.clip(np.rint(w * inv), -1, 1).astype(np.int8)
-    return trits, np.float32(1.0) / inv
+#: Absmean ternarisation as transformers' ``WeightQuant`` does it, in float32 (one quantizer for
+#: every container: :mod:`bitformat.quantize` says where transformers and bitnet.cpp differ).
+ternarise = absmean
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -187,6 +180,8 @@ def _build(folder: Path, cfg: dict[str, Any], h: Hyper, quant: tuple[str, str],
 
     plain: dict[str, tuple[SafeTensor, GGMLType]] = {}
     tern: dict[str, _Projection] = {}
+    quantized: dict[str, str] = {}  # masters: tensor -> its float type
+    rules: dict[str, str] = {}
     scale_changes: dict[str, float] = {}
     entries = []
     torder, types = record
@@ -222,6 +217,7 @@ def _build(folder: Path, cfg: dict[str, Any], h: Hyper, quant: tuple[str, str],
                     f"dense weights in a {linear}/{mode} checkpoint are not ternary (transformers"
                     " uses them as they are)", path=where_t[0], tensor=where_t[1])
             tern[gguf] = _Projection(t, rows, cols, None)
+            quantized[gguf] = t.dtype
         else:
             raise ShapeError(f"expected U8 [{rows // 4}, {cols}] or float {list(want)}, found "
                              f"{t.dtype} {list(t.shape)}", path=where_t[0], tensor=where_t[1])
@@ -236,7 +232,8 @@ def _build(folder: Path, cfg: dict[str, Any], h: Hyper, quant: tuple[str, str],
         p = tern[name]
         raw = p.tensor.file.raw(p.tensor)
         if p.scale is None:
-            trits, s = ternarise(as_float32(raw, p.tensor.dtype).reshape(p.rows, p.cols))
+            trits, s = absmean(as_float32(raw, p.tensor.dtype).reshape(p.rows, p.cols))
+            rules[name] = ABSMEAN
         else:
             trits = unpack_rows(raw.reshape(p.rows // 4, p.cols), path=p.tensor.file.path,
                                 tensor=sanitize(p.tensor.name))
@@ -258,6 +255,7 @@ def _build(folder: Path, cfg: dict[str, Any], h: Hyper, quant: tuple[str, str],
 
     model = Model(where, meta, entries, "hf", load_ternary, load_plain, close)
     model.scale_changes = scale_changes
+    model.quantized, model.quantize_rules = quantized, rules
     return model
 
 
@@ -418,6 +416,7 @@ def _write_packed(model, packed_path: Path, fdt: str, allow: bool, report, progr
             else:
                 plan.append((f"{hf}.weight", fdt, e.shape,
                              int(np.prod(e.shape)) * ST_ITEMSIZE[fdt], ("plain", e.name)))
+            checkpoint("tensor")
             report.tensors += 1
             if progress is not None:
                 progress(e)

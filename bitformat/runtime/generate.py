@@ -127,13 +127,15 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
                     top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                     seed: int | None = None, stop_ids: Sequence[int] | None = None,
                     stop: Sequence[str] = (), context: int | None = None,
-                    weight_bytes: int = 0) -> Iterator[GenerationResponse]:
+                    weight_bytes: int = 0, skip_special: bool = True
+                    ) -> Iterator[GenerationResponse]:
     """Generate from text (needs ``tokenizer``) or token ids, yielding text as it forms.
 
     Stops at a stop token (default: the tokenizer's eos and eot ids; the stop token itself is
     not yielded as text), at a stop string (``stop``; not yielded either) or after
     ``max_new_tokens``; the last response carries ``finish_reason``. Text is held back as
     :class:`.textstream.TextStream` says. Sampling options are :class:`.sampling.SamplingParams`'.
+    Special (control) tokens add no text unless ``skip_special`` is False, as in llama.cpp.
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repetition_penalty=repetition_penalty, seed=seed)
@@ -143,7 +145,8 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
         ids = tokenizer.encode(prompt)
     else:
         ids = [int(t) for t in prompt]
-    text = TextStream(tokenizer, stop=stop, stop_ids=stop_ids if stop_ids is not None else
+    text = TextStream(tokenizer, stop=stop, skip_special=skip_special,
+                      stop_ids=stop_ids if stop_ids is not None else
                       (tokenizer.eos_ids if tokenizer else ()))
     stats = GenerationStats(weight_bytes_per_token=weight_bytes)
     for token in generate_step(model, ids, max_new_tokens=max_new_tokens, sampling=sampling,

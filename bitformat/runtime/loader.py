@@ -9,7 +9,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,16 +39,17 @@ class LoadedModel:
     ``weight_bytes_per_token`` and ``last_stats`` (the last generation's timings).
     """
 
-    def __init__(self, container: Model, backend: Backend, args: ModelArgs, tokenizer: Any):
+    def __init__(self, container: Model, backend: Backend, args: ModelArgs, tokenizer: Any, *,
+                 progress: Callable[[int, int], None] | None = None):
         self.container_model = container
         self.backend = backend
         self.args = args
         if backend.name == "wgpu":  # the whole model on the device, one command buffer a token
             from .wgpu.network import WgpuBitNet
 
-            self.net = WgpuBitNet(args, backend)
+            self.net = WgpuBitNet(args, backend, progress=progress)
         else:
-            self.net = BitNet(args, backend)
+            self.net = BitNet(args, backend, progress=progress)
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once.
@@ -79,6 +81,29 @@ class LoadedModel:
         """The whole answer: text, token ids, finish reason and stats."""
         return collect(self.stream_generate(prompt, max_new_tokens, **kwargs))
 
+    def warmup(self) -> float:
+        """Run every kind of step once on a throw-away cache and return the seconds it took.
+
+        An 18-token prompt (longer than the rans kernels' one-token-at-a-time limit and the
+        cpu backend's batch kernels' 16 rows), a 2-token step (a batched decode step's kernels)
+        and one decode step, also through the device's own argmax where there is one: the
+        first run of a kernel compiles it (numba, on the cpu backend: about 20 s in all, once
+        per machine, then read from numba's cache) or builds its pipeline (wgpu). Timings
+        taken afterwards measure the model, not the compiler. The numpy backend has nothing to
+        prepare.
+        """
+        t0 = time.perf_counter()
+        if self.backend.name == "numpy":
+            return 0.0
+        prompt = [0] * 18
+        cache = self.net.new_cache(len(prompt) + 4)
+        self.net.forward(prompt, cache)
+        self.net.forward(prompt[:2], cache)
+        self.net.forward(prompt[:1], cache)
+        if hasattr(self.net, "forward_argmax"):
+            self.net.forward_argmax(prompt[:1], cache)
+        return time.perf_counter() - t0
+
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits ``[T, vocab]`` of every position, recomputed from scratch (no cache reuse)."""
         return self.net.forward(tokens, self.net.new_cache(len(tokens)), all_logits=True)
@@ -94,8 +119,8 @@ class LoadedModel:
 
 
 def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32",
-         threads: int | None = None, i2s_variant: str = "x86", validate: bool = True
-         ) -> LoadedModel:
+         threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
+         progress: Callable[[int, int], None] | None = None) -> LoadedModel:
     """Open a BitNet container (any format, or an HF folder) on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
@@ -103,6 +128,8 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     switches between one thread and all cores, whichever streams faster (see
     :class:`~.cpu.backend.ThreadPicker`). ``validate`` (cpu) reads every ternary
     matrix once with its format's checks; the numpy backend checks on every use anyway.
+    ``progress(layer, n_layers)`` is called as each layer's weights are ready (loading the
+    2B-4T model takes seconds). Kernels compile on first use: :meth:`LoadedModel.warmup`.
     """
     if backend not in BACKENDS:
         raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
@@ -134,7 +161,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
             from ..tokenizer import Tokenizer
 
             tokenizer = Tokenizer(container.metadata)
-        return LoadedModel(container, be, args, tokenizer)
+        return LoadedModel(container, be, args, tokenizer, progress=progress)
     except BaseException:
         container.close()
         raise

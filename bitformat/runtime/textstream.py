@@ -13,7 +13,7 @@ OpenAI's API does); a stop token ends it before the token. At the end (a token l
 token) whatever is still held back as a possible stop prefix is shown.
 
 >>> class Chars:                                       # a toy tokenizer: one id per character
-...     def decode(self, ids): return "".join(map(chr, ids))
+...     def decode(self, ids, skip_special=True): return "".join(map(chr, ids))
 >>> ts = TextStream(Chars(), stop=["\\n\\n"])
 >>> [ts.add(t) for t in map(ord, "Hi\\n!\\n\\nmore")][:6]
 [('H', None), ('i', None), ('', None), ('\\n!', None), ('', None), ('', 'stop')]
@@ -28,14 +28,15 @@ from typing import Any
 class TextStream:
     """The text of one generation, token by token (module docstring).
 
-    ``tokenizer`` needs ``decode(ids) -> str`` (None: no text, only token ids). ``stop_ids``:
-    tokens that end the generation and are not part of it; ``stop``: strings that do the same
-    in the text.
+    ``tokenizer`` needs ``decode(ids, skip_special=...) -> str`` (None: no text, only token
+    ids). ``stop_ids``: tokens that end the generation and are not part of it; ``stop``:
+    strings that do the same in the text; ``skip_special``: control tokens add no text.
     """
 
     def __init__(self, tokenizer: Any, *, stop_ids: Iterable[int] = (),
-                 stop: Iterable[str] = ()):
+                 stop: Iterable[str] = (), skip_special: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special = skip_special
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.stop = tuple(s for s in stop if s)
         self.tokens: list[int] = []  # the generation's tokens (without a stop token)
@@ -52,7 +53,7 @@ class TextStream:
         self.tokens.append(int(token))
         if self.tokenizer is None:
             return "", None
-        full = self.tokenizer.decode(self.tokens)
+        full = self._decode()
         if not full.endswith("\ufffd"):
             self.good = full
         return self._release()
@@ -63,7 +64,7 @@ class TextStream:
             return ""
         if self.tokenizer is not None and self.tokens:
             # an incomplete character at the very end is shown as U+FFFD, as a decoder would
-            self.good = self.tokenizer.decode(self.tokens)
+            self.good = self._decode()
             text, reason = self._release(final=True)
             if reason:
                 return text
@@ -71,6 +72,9 @@ class TextStream:
             text = ""
         self.finish_reason = "length"
         return text
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.tokens, skip_special=self.skip_special)
 
     @property
     def text(self) -> str:

@@ -34,6 +34,7 @@ from . import head as H
 from . import kernels as K
 from . import ops
 from . import rans as KR
+from .threadpool import load_tbb
 
 #: Matrices smaller than this run on the calling thread alone (see :meth:`CpuBackend._call`).
 SERIAL_BYTES = 512 << 10
@@ -160,6 +161,7 @@ class CpuBackend(Backend):
 
     def __init__(self, model: Model, *, i2s_variant: str = "x86", threads: int | None = None,
                  kernel: str | None = None, validate: bool = True):
+        load_tbb()  # before numba starts its threads: work stealing (see .threadpool)
         import numba
 
         super().__init__(model, dtype=np.float32, i2s_variant=i2s_variant)

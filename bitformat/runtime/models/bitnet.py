@@ -19,7 +19,7 @@ which a backend may replace step by step with equivalents of its own (:class:`.b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,11 +51,15 @@ class Block:
 class BitNet:
     """The network: ``forward(tokens, cache)`` -> logits, on any backend."""
 
-    def __init__(self, args: ModelArgs, backend: Backend):
+    def __init__(self, args: ModelArgs, backend: Backend, *,
+                 progress: Callable[[int, int], None] | None = None):
+        """``progress(layer, n_layers)`` is called as each layer's weights are ready."""
         self.args, self.be = args, backend
         names = {e.name for e in backend.model.entries}
         self.blocks = []
         for i in range(args.n_layers):
+            if progress is not None:
+                progress(i, args.n_layers)
             p = f"blk.{i}."
             proj = {n: backend.weight(f"{p}{n}.weight") for n in PROJECTIONS}
             stacked = {group: backend.stack([proj[n] for n in group]) for group in INPUT_GROUPS}

@@ -27,7 +27,7 @@ its steps are submitted back to back and only the last one computes logits.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,8 +90,10 @@ class WgpuBitNet:
     (submit to readback); :meth:`profile` times every kernel class.
     """
 
-    def __init__(self, args: ModelArgs, backend: WgpuBackend, *, context: int | None = None):
+    def __init__(self, args: ModelArgs, backend: WgpuBackend, *, context: int | None = None,
+                 progress: Callable[[int, int], None] | None = None):
         self.args, self.be, self.dev = args, backend, backend.dev
+        self._progress = progress  # (layer, n_layers) as each layer's weights are uploaded
         a, dev = args, backend.dev
         self.max_len = int(min(context or backend.context or a.context_length, a.context_length))
         hd, kvd = a.head_dim, a.n_kv_heads * a.head_dim
@@ -153,6 +155,8 @@ class WgpuBitNet:
         n_rope = a.n_heads * hd // 2 + kvd // 2 + kvd
         for i in range(a.n_layers):
             p = f"blk.{i}."
+            if self._progress is not None:
+                self._progress(i, a.n_layers)
 
             def out_scale(n: str, p: str = p) -> float:
                 s = f"{p}{n}.scale"

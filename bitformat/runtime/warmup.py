@@ -1,0 +1,107 @@
+"""Kernels compiled before anything is timed: hearing numba compile, and ``bitformat warmup``.
+
+The cpu backend's kernels are numba functions compiled on their first call (about 20 s for a
+model's set on a 2-core machine) and kept in numba's on-disk cache (``__pycache__`` beside the
+package, or ``NUMBA_CACHE_DIR``), so later runs load them in well under a second. pip cannot
+compile them at install time (numba compiles for the machine that runs them); instead
+:func:`warm_up_all` runs a tiny synthetic model through every container once, which fills the
+cache for every kernel a model can use here. :func:`on_compile` lets a caller show what the
+first run's pause is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def on_compile(callback: Callable[[str], None]) -> Iterator[None]:
+    """Call ``callback(name)`` each time numba starts compiling a function inside the block.
+
+    ``name`` is ``module.function``. A function found in numba's on-disk cache is loaded, not
+    compiled, and is not heard; so a second run hears nothing. (numba's event API, "numba:compile".)
+    """
+    from numba.core import event
+
+    class Heard(event.Listener):
+        def on_start(self, ev) -> None:
+            fn = ev.data["dispatcher"].py_func
+            callback(f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__qualname__}")
+
+        def on_end(self, ev) -> None:
+            pass
+
+    with event.install_listener("numba:compile", Heard()):
+        yield
+
+
+@dataclass
+class WarmupStep:
+    what: str  # the model variant run, e.g. "i2_s" or "hf (f32 embedding)"
+    seconds: float
+
+
+def _bf16_embedding_copy(src: Path, out: Path) -> None:
+    """``src`` with its F16 embedding rounded to BF16 (the official checkpoint's type), whose LM
+    head is a kernel of its own."""
+    from ..constants import GGMLType
+    from ..gguf_io import GGUFReader, GGUFWriter
+
+    with GGUFReader(src) as r:
+        w = GGUFWriter(str(out))
+        w.metadata = dict(r.metadata)
+        blobs = []
+        for name, info in r.tensors.items():
+            gtype, raw = info.ggml_type, r.raw(name)
+            if name == "token_embd.weight":
+                b = raw.view("<f2").astype(np.float32).view(np.uint32)
+                raw, gtype = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype("<u2"), GGMLType.BF16
+            w.add_tensor(name, info.shape, gtype, raw.nbytes)
+            blobs.append(raw)
+        w.write(iter(blobs))
+
+
+def warm_up_all(backend: str = "cpu",
+                progress: Callable[[str, int, int], None] | None = None) -> list[WarmupStep]:
+    """Compile (or load from numba's cache) every kernel a model can use on this machine.
+
+    Writes a tiny synthetic model in a temporary folder, converts it into every container (the
+    rans encoder compiles too) and to an hf folder (an f32 embedding), adds a copy with a BF16
+    embedding, and runs :meth:`~.loader.LoadedModel.warmup` on each on ``backend``.
+    ``progress(what, index, total)`` is called before each step. Takes about a minute the
+    first time on a 2-core machine, seconds afterwards.
+    """
+    from ..container import convert
+    from ..formats import FORMAT_IDS
+    from ..synth import synth
+    from .loader import load
+
+    steps: list[WarmupStep] = []
+    with tempfile.TemporaryDirectory(prefix="bitformat-warmup-") as tmp:
+        d = Path(tmp)
+        base = synth("tiny", d / "tiny.gguf")
+        variants = [(fid, fid) for fid in FORMAT_IDS] + [("hf", "hf (f32 embedding)"),
+                                                        ("bf16", "i2_s (bf16 embedding)")]
+        for i, (fid, what) in enumerate(variants):
+            if progress is not None:
+                progress(what, i, len(variants))
+            t0 = time.perf_counter()
+            path = base if fid == "i2_s" else d / f"tiny.{fid}"
+            if fid == "bf16":
+                _bf16_embedding_copy(base, path)
+            elif fid != "i2_s":
+                convert(base, path, fid)
+            with load(path, backend=backend) as m:
+                m.warmup()
+            steps.append(WarmupStep(what, time.perf_counter() - t0))
+    return steps
+
+
+__all__ = ["WarmupStep", "on_compile", "warm_up_all"]
