@@ -81,10 +81,11 @@ class Contention:
         self.cores = max(0.0, (self._busy() - self.b0) - (self._ours() - self.o0)) / wall
 
 
-def start_server(model: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
+def start_server(model: Path, max_batch: int, threads: list[str]) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "bitformat.cli", "serve", str(model),
-                             "--backend", "cpu", "--max-batch", str(max_batch), "--port", "0"],
+                             "--backend", "cpu", "--max-batch", str(max_batch), "--port", "0",
+                             *threads],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in proc.stdout:
         if line.startswith("serving "):
@@ -128,10 +129,10 @@ def clients_run(url: str, n: int, tokens: int) -> dict:
             "ttft_max": max(ttft), "tps": statistics.median(tps), "tokens": total}
 
 
-def run_cli(model: Path, tokens: int) -> dict:
+def run_cli(model: Path, tokens: int, threads: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "bitformat.cli", "run", str(model), "-p",
-                          PROMPTS[0], "-n", str(tokens), "--json"], capture_output=True,
+                          PROMPTS[0], "-n", str(tokens), "--json", *threads], capture_output=True,
                          text=True, env=env, check=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
     return {"tps": r["generation_tokens_per_s"], "tokens": r["generated_tokens"]}
@@ -146,11 +147,13 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-other", type=float, default=0.25,
                     help="cores other processes may take before a section is repeated")
+    ap.add_argument("--threads", type=int, help="fixed CPU threads (default: adaptive)")
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
     counts = [int(c) for c in a.clients.split(",")]
     t_start = time.time()
-    proc, url = start_server(a.model, a.max_batch)
+    threads = ["--threads", str(a.threads)] if a.threads else []
+    proc, url = start_server(a.model, a.max_batch, threads)
     try:
         clients_run(url, 2, 4)  # warm-up: compile and page in a batched step
         res: dict[str, list] = {}
@@ -159,7 +162,7 @@ def main() -> None:
             for cfg in configs:
                 for _attempt in range(2):
                     with Contention([proc.pid]) as c:
-                        r = run_cli(a.model, a.tokens) if cfg == "run" else \
+                        r = run_cli(a.model, a.tokens, threads) if cfg == "run" else \
                             clients_run(url, cfg, a.tokens)
                     r["other"] = c.cores
                     if c.cores <= a.max_other:
@@ -177,13 +180,14 @@ def report(a, counts: list[int], res: dict, seconds: float) -> None:
         return statistics.median(r[key] for r in res[str(cfg)])
 
     one = med(1, "aggregate") if 1 in counts else float("nan")
+    threads = f"{a.threads} threads" if a.threads else "adaptive threads"
     lines = [
         "## Serving concurrent clients (full-size synthetic 2B-4T)", "",
         f"Command: `python tools/bench_serve.py {a.model.name} --clients {a.clients} --tokens "
         f"{a.tokens} --rounds {a.rounds}{' --write' if a.write else ''}` under "
         f"`flock /tmp/bitformat-cpu.lock`, on `bitformat synth --preset 2b4t` (i2_s). Machine: "
         f"{cpu_model()}, {os.cpu_count()} cores; `bitformat serve --backend cpu --max-batch "
-        f"{a.max_batch}`, adaptive threads. The whole run took {seconds / 60:.1f} min.", "",
+        f"{a.max_batch}`, {threads}. The whole run took {seconds / 60:.1f} min.", "",
         f"Each client streams one `/v1/completions` request of {a.tokens} greedy tokens "
         "(`ignore_eos`), all N sent at once with different prompts of 5-9 tokens. TTFT is "
         "from sending to the first token; per-request tok/s counts the tokens after the first "
