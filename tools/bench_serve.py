@@ -176,6 +176,13 @@ def main() -> None:
 
 
 def report(a, counts: list[int], res: dict, seconds: float) -> None:
+    dropped = 0
+    for cfg, runs in res.items():  # contended rounds are dropped while a clean one is left
+        clean = [r for r in runs if r["other"] <= a.max_other]
+        if clean:
+            dropped += len(runs) - len(clean)
+            res[cfg] = clean
+
     def med(cfg, key):
         return statistics.median(r[key] for r in res[str(cfg)])
 
@@ -193,8 +200,10 @@ def report(a, counts: list[int], res: dict, seconds: float) -> None:
         "from sending to the first token; per-request tok/s counts the tokens after the first "
         "over the time after the first, as `bitformat run` reports `generation_tokens_per_s`; "
         "aggregate tok/s is all tokens over the wall time from the first request to the last "
-        f"token. Medians of {a.rounds} interleaved rounds. *Other* is the CPU that other "
-        "processes took meanwhile (cores, the largest of the rounds).", "",
+        f"token. Medians of {a.rounds} interleaved rounds, less {dropped} measurements where "
+        f"other processes took more than {a.max_other} cores (repeated once first; a "
+        "configuration keeps all its rounds if none was clean). *Other* is the CPU that "
+        "other processes took meanwhile (cores, the largest of the rounds kept).", "",
         "| clients | aggregate tok/s | × one client | per-request tok/s | TTFT s (median) "
         "| TTFT s (max) | other cores |",
         "|---|---|---|---|---|---|---|",
