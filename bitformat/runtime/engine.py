@@ -132,7 +132,8 @@ class Engine:
     """
 
     def __init__(self, net: Any, tokenizer: Any = None, *, max_batch: int = 8,
-                 context: int | None = None, max_queue: int = 64):
+                 context: int | None = None, max_queue: int = 64,
+                 after_step: Callable[[], None] | None = None):
         if max_batch < 1 or max_queue < 0:
             raise RequestError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} "
                                f"and {max_queue}")
@@ -147,6 +148,9 @@ class Engine:
         self._closing = False
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
+        #: called in the engine thread after each step's events (a server waits there until
+        #: its event loop has handed them on, see serve/__init__.py)
+        self.after_step = after_step
         self.steps = 0  # forward passes run
         self.tokens = 0  # tokens generated
 
@@ -239,6 +243,8 @@ class Engine:
             if self._active:
                 try:
                     self._step()
+                    if self.after_step is not None:
+                        self.after_step()
                 except Exception as exc:  # a failure ends the requests in flight, not the engine
                     log.exception("a batched step failed")
                     for s in self._active:

@@ -20,6 +20,7 @@ import asyncio
 import hmac
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -104,6 +105,25 @@ class Server:
     def __init__(self, engine: Engine, tokenizer: Any, model_id: str, created: int):
         self.engine, self.tokenizer = engine, tokenizer
         self.model_id, self.created = model_id, created
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def wait_for_loop(self, timeout: float = 0.05) -> None:
+        """Called by the engine thread after each step: returns once the event loop has run
+        the tasks that step's events woke (their chunks are written), or after ``timeout``.
+
+        Without it the loop's work for a step interleaves with the next step: each time it
+        needs the GIL it waits for the engine to pause, and on two busy cores it can then lose
+        its core while holding the GIL, stalling the engine for a time slice. One streamed
+        client ran 10-15 % below ``bitformat run`` that way."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        done = threading.Event()
+        try:  # call_soon inside: runs after the tasks woken by this step's events
+            loop.call_soon_threadsafe(loop.call_soon, done.set)
+        except RuntimeError:
+            return
+        done.wait(timeout)
 
     def app(self, api_key: str | None = None) -> Any:
         routes = [Route("/health", self.health, methods=["GET"]),
@@ -162,6 +182,7 @@ class Server:
             if p.model is not None and p.model != self.model_id:
                 return self._no_model(p.model)
             loop, events = asyncio.get_running_loop(), asyncio.Queue()
+            self.loop = loop
 
             def on_event(ev: Event) -> None:  # the engine thread
                 try:
