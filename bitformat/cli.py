@@ -349,6 +349,40 @@ def warmup(backend: str) -> None:
 
 @main.command()
 @click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port (0: any free one).")
+@click.option("--backend", type=click.Choice(["numpy", "cpu", "wgpu"]), default="cpu",
+              show_default=True)
+@click.option("--api-key", envvar="BITFORMAT_API_KEY",
+              help="Require 'Authorization: Bearer KEY' (or set BITFORMAT_API_KEY).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests decoded together; more wait in a queue.")
+@click.option("--context", type=click.IntRange(min=2), default=None,
+              help="Tokens per request, prompt and answer (default: the model's).")
+@click.option("--threads", type=int, default=None, help="CPU threads (default: adaptive).")
+@click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
+              show_default=True, help="i2_s block layout of FILE.")
+@_friendly_errors
+def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, max_batch: int,
+          context: int | None, threads: int | None, i2s_layout: str) -> None:
+    """Serve FILE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+    /v1/models, /health), batching concurrent requests. Ctrl-C stops it."""
+    from .serve import serve as do_serve
+
+    def ready(info: dict) -> None:
+        if info["note"]:
+            click.echo(f"note: {info['note']}", err=True)
+        click.echo(f"serving {info['model']} ({info['backend']}, max batch {info['max_batch']}"
+                   f", context {info['context']}) at {info['url']}/v1")
+
+    do_serve(file, host=host, port=port, backend=backend, api_key=api_key, max_batch=max_batch,
+             context=context, threads=threads, i2s_variant=i2s_layout, ready=ready)
+    click.echo("stopped", err=True)
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
 @click.option("--backend", type=click.Choice(["cpu", "wgpu"]), default="cpu",
               show_default=True)
 @click.option("--formats", default="all", show_default=True,

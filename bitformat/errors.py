@@ -81,6 +81,10 @@ class RequestError(BitformatError, ValueError):
     vocabulary, unknown backend, bad sampling parameters)."""
 
 
+class UnavailableError(BitformatError, RuntimeError):
+    """A request cannot be taken now: the server is busy (its queue is full) or stopping."""
+
+
 class GpuError(BitformatError, RuntimeError):
     """No usable GPU adapter, or a kernel failed to build or run on it."""
 

@@ -1,8 +1,10 @@
 """Token generation: sampling, the ``generate_step`` generator, streaming and the simple call.
 
-``generate_step`` prefills the prompt as one batch, then decodes one token per step against
-the KV cache and yields up to ``max_new_tokens`` token ids; ``stream_generate`` adds text,
-stop tokens and timing; ``generate`` collects a whole answer.
+``generate_step`` prefills the prompt in chunks of ``PREFILL_CHUNK`` tokens, then decodes one
+token per step against the KV cache and yields up to ``max_new_tokens`` token ids;
+``stream_generate`` adds text, stop tokens, stop strings and timing; ``generate`` collects a
+whole answer. The batching engine (:mod:`.engine`) runs the same steps for many requests at
+once and gives each the tokens it gets here.
 
 >>> from bitformat.runtime import load                           # doctest: +SKIP
 >>> m = load("tiny.gguf", backend="cpu")                         # doctest: +SKIP
@@ -18,9 +20,22 @@ from dataclasses import dataclass, field
 from ..errors import RequestError
 from .models import BitNet, Segment
 from .sampling import Sampler, SamplingParams, make_sampler
+from .textstream import TextStream
 
-__all__ = ["GenerationResponse", "GenerationResult", "GenerationStats", "collect", "generate",
-           "generate_step", "make_sampler", "stream_generate"]
+__all__ = ["PREFILL_CHUNK", "GenerationResponse", "GenerationResult", "GenerationStats",
+           "collect", "generate", "generate_step", "make_sampler", "stream_generate"]
+
+#: Prompt tokens run in one forward pass. The numpy attention of a prompt's rows is not
+#: bitwise the same for every split of the prompt (BLAS blocks its sums by the shapes), so
+#: ``bitformat run`` and the server both cut prompts at multiples of this: a request gets the
+#: same tokens from either. The server's other requests wait for one chunk at most per step.
+PREFILL_CHUNK = 64
+
+
+def prompt_chunks(n: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each prefill pass over a prompt of ``n`` tokens."""
+    return [(a, min(a + PREFILL_CHUNK, n)) for a in range(0, n, PREFILL_CHUNK)]
+
 
 @dataclass
 class GenerationStats:
@@ -46,9 +61,10 @@ def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int =
                   stats: GenerationStats | None = None) -> Iterator[int]:
     """Yield up to ``max_new_tokens`` sampled token ids after ``prompt``.
 
-    The prompt runs as one batch; each next token is one decode step on the KV cache, done only
-    when the consumer asks for it. ``context`` caps prompt + generated tokens (default: the
-    model's context length). Tokens are chosen as :mod:`.sampling` defines.
+    The prompt runs in chunks of ``PREFILL_CHUNK`` tokens; each next token is one decode step
+    on the KV cache, done only when the consumer asks for it. ``context`` caps prompt +
+    generated tokens (default: the model's context length). Tokens are chosen as
+    :mod:`.sampling` defines.
     """
     limit = context or model.args.context_length
     if len(prompt) == 0:
@@ -66,7 +82,14 @@ def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int =
     stats.prompt_tokens = len(prompt)
     if max_new_tokens == 0:
         return
-    token = model.decode([Segment(prompt, cache)], [sampler])[0]
+    *head, (a, b) = prompt_chunks(len(prompt))
+    run_only = getattr(model, "forward_hidden", None)  # the chunks before the last need no head
+    for a0, b0 in head:
+        if run_only is not None:
+            run_only([Segment(prompt[a0:b0], cache)])
+        else:
+            model.decode([Segment(prompt[a0:b0], cache)], [sampler])
+    token = model.decode([Segment(prompt[a:b], cache)], [sampler])[0]
     for i in range(max_new_tokens):
         now = time.perf_counter()
         if i == 0:
@@ -103,15 +126,16 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                     top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                     seed: int | None = None, stop_ids: Sequence[int] | None = None,
-                    context: int | None = None, weight_bytes: int = 0,
-                    skip_special: bool = True
+                    stop: Sequence[str] = (), context: int | None = None,
+                    weight_bytes: int = 0, skip_special: bool = True
                     ) -> Iterator[GenerationResponse]:
     """Generate from text (needs ``tokenizer``) or token ids, yielding text as it forms.
 
     Stops at a stop token (default: the tokenizer's eos and eot ids; the stop token itself is
-    not yielded as text) or after ``max_new_tokens``; the last response carries ``finish_reason``.
-    Sampling options are :class:`.sampling.SamplingParams`'. Special (control) tokens add no
-    text unless ``skip_special`` is False, as in llama.cpp.
+    not yielded as text), at a stop string (``stop``; not yielded either) or after
+    ``max_new_tokens``; the last response carries ``finish_reason``. Text is held back as
+    :class:`.textstream.TextStream` says. Sampling options are :class:`.sampling.SamplingParams`'.
+    Special (control) tokens add no text unless ``skip_special`` is False, as in llama.cpp.
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repetition_penalty=repetition_penalty, seed=seed)
@@ -121,27 +145,25 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
         ids = tokenizer.encode(prompt)
     else:
         ids = [int(t) for t in prompt]
-    stop = set(stop_ids if stop_ids is not None else (tokenizer.eos_ids if tokenizer else ()))
+    text = TextStream(tokenizer, stop=stop, skip_special=skip_special,
+                      stop_ids=stop_ids if stop_ids is not None else
+                      (tokenizer.eos_ids if tokenizer else ()))
     stats = GenerationStats(weight_bytes_per_token=weight_bytes)
-    out: list[int] = []
-    shown = ""
     for token in generate_step(model, ids, max_new_tokens=max_new_tokens, sampling=sampling,
                                context=context, stats=stats):
-        if token in stop:
-            yield GenerationResponse("", token, "stop", stats)
+        piece, reason = text.add(token)
+        if reason and token in text.stop_ids:  # a stop token is not part of the answer
+            if piece:
+                yield GenerationResponse(piece, None, None, stats)
+            yield GenerationResponse("", token, reason, stats)
             return
-        out.append(token)
-        text = shown
-        if tokenizer is not None:
-            full = tokenizer.decode(out, skip_special=skip_special)
-            if not full.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence
-                text = full
-        piece, shown = text[len(shown):], text
         yield GenerationResponse(piece, token, None, stats)
-    if tokenizer is not None and out:
-        full = tokenizer.decode(out, skip_special=skip_special)
-        if full != shown:  # flush what was held back
-            yield GenerationResponse(full[len(shown):], None, None, stats)
+        if reason:  # a stop string: its token is part of the answer, its text is not
+            yield GenerationResponse("", None, reason, stats)
+            return
+    rest = text.finish()
+    if rest:  # flush what was held back
+        yield GenerationResponse(rest, None, None, stats)
     yield GenerationResponse("", None, "length", stats)
 
 

@@ -87,18 +87,21 @@ class LoadedModel:
     def warmup(self) -> float:
         """Run every kind of step once on a throw-away cache and return the seconds it took.
 
-        A 5-token prompt (more than the rans kernels' one-token-at-a-time limit) and one decode
-        step, also through the device's own argmax where there is one: the first run of a
-        kernel compiles it (numba, on the cpu backend: about 20 s in all, once per machine,
-        then read from numba's cache) or builds its pipeline (wgpu). Timings taken afterwards
-        measure the model, not the compiler. The numpy backend has nothing to prepare.
+        An 18-token prompt (longer than the rans kernels' one-token-at-a-time limit and the
+        cpu backend's batch kernels' 16 rows), a 2-token step (a batched decode step's kernels)
+        and one decode step, also through the device's own argmax where there is one: the
+        first run of a kernel compiles it (numba, on the cpu backend: about 20 s in all, once
+        per machine, then read from numba's cache) or builds its pipeline (wgpu). Timings
+        taken afterwards measure the model, not the compiler. The numpy backend has nothing to
+        prepare.
         """
         t0 = time.perf_counter()
         if self.backend.name == "numpy":
             return 0.0
-        prompt = [0] * 5
-        cache = self.net.new_cache(len(prompt) + 2)
+        prompt = [0] * 18
+        cache = self.net.new_cache(len(prompt) + 4)
         self.net.forward(prompt, cache)
+        self.net.forward(prompt[:2], cache)
         self.net.forward(prompt[:1], cache)
         if hasattr(self.net, "forward_argmax"):
             self.net.forward_argmax(prompt[:1], cache)

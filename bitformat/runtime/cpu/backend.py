@@ -29,6 +29,7 @@ from ...formats import get_format
 from ...mapping import file_mapping
 from ...modelfile import Model
 from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
+from . import batch as B
 from . import head as H
 from . import kernels as K
 from . import ops
@@ -43,6 +44,10 @@ DECODE_MODES = ("load", "fused")
 
 #: Matrices smaller than this run on the calling thread alone (see :meth:`CpuBackend._call`).
 SERIAL_BYTES = 512 << 10
+
+#: Rows up to which the 2-bit formats run :func:`.batch.mm2_vnni_tokens` (a batched decode
+#: step); longer prompts run :func:`.kernels.mm2_vnni_prompt`.
+BATCH_TOKENS = 16
 
 #: encoding -> (slot layout of the activations, kernel kind); i2_s's layout is its variant.
 TWO_BIT = {"i2_s": (None, K.KIND_I2S), "stfma": ("plain", K.KIND_LOW),
@@ -123,6 +128,9 @@ class CpuBackend(Backend):
         self._mm2_prompt = K.mm2_vnni_prompt if vnni else K.mm2_portable
         self._tq2 = K.tq2_vnni if vnni else K.tq2_portable
         self._tq1 = K.tq1_vnni if vnni else K.tq1_portable
+        # a batched decode step (2..BATCH_TOKENS rows) and the LM head of any rows: batch.py
+        self._mm2_tokens = B.mm2_vnni_tokens if vnni else None
+        self._head_tokens = B.lm_head_tokens if vnni else None
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         self._blas = ThreadpoolController()
@@ -281,9 +289,11 @@ class CpuBackend(Backend):
         when another process holds their cores (measured on a busy 2-core VM: 5 us vs 5 ms for
         a 32 KB mat-vec, 1.3 vs 5 tokens/s for 2B-4T). So small matrices always run on one
         thread, and unless ``threads`` was given, a :class:`ThreadPicker` per kernel, matrix
-        size and kind of call (one token, or a prompt: the last argument is always the output
-        ``[T, rows]``) times the calls and keeps whichever setting streams more bytes per
-        second.
+        size and kind of call (the number of tokens T up to ``BATCH_TOKENS``, or a prompt: the
+        last argument is always the output ``[T, rows]``) times the calls and keeps whichever
+        setting streams more bytes per second. A batched decode step of 2 tokens and one of 8
+        take different times for the same bytes, so they must not share a picker: one that
+        compared 1 thread at 2 tokens with 2 threads at 8 would keep 1 thread for both.
         """
         picker = None
         if nbytes < SERIAL_BYTES:
@@ -291,7 +301,8 @@ class CpuBackend(Backend):
         elif self._pickers is None:
             n = self.threads
         else:
-            key = (kernel, nbytes, args[-1].shape[0] > 1)
+            rows = args[-1].shape[0]  # a rate is comparable only between calls of one size
+            key = (kernel, nbytes, rows if rows <= BATCH_TOKENS else 0)
             picker = self._pickers.get(key)
             if picker is None:
                 picker = self._pickers[key] = ThreadPicker(self.threads)
@@ -331,7 +342,9 @@ class CpuBackend(Backend):
             xg = self._derived(qa, w.layout, w.data.shape[1] * 4)
             corr = (np.zeros(len(s), np.int32) if w.kind == K.KIND_COLPACK
                     else self._derived(qa, "sum"))
-            kernel = self._mm2 if len(s) == 1 else self._mm2_prompt
+            kernel = (self._mm2 if len(s) == 1 else self._mm2_tokens
+                      if self._mm2_tokens and len(s) <= BATCH_TOKENS and w.kind != K.KIND_COLPACK
+                      else self._mm2_prompt)
             self._call(kernel, w.data.nbytes, w.data, xg, corr, s, w.scale, w.kind, out)
         elif enc == "tq2_0":
             xg = self._derived(qa, "x86", w.cols)
@@ -380,6 +393,8 @@ class CpuBackend(Backend):
         n = self._E.nbytes
         if self.embed_type == GGMLType.F32:
             self._call(H.lm_head_f32, n, self._E, x, out)
+        elif self._head_tokens is not None:  # f16, bf16: the same sums for 1 row or many
+            self._call(self._head_tokens, n, self._E, x, self.embed_type == GGMLType.BF16, out)
         elif self._lut is not None:
             self._call(H.lm_head_lut, n, self._E, self._lut, x, out)
         elif self.embed_type == GGMLType.F16:

@@ -1,0 +1,58 @@
+"""The cpu backend's kernels for a few tokens at once (runtime/cpu/batch.py): the 2-bit
+mat-vec equals the one-token kernel to the bit, and the LM head gives each token the same
+bits whatever else is in the call (and is close to a float64 reference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bitformat.runtime.backend import quantize_activations
+from bitformat.runtime.cpu import kernels as K
+
+pytestmark = pytest.mark.skipif(K.kernel_mode() != "vnni", reason="needs AVX-512 VNNI")
+
+
+@pytest.mark.parametrize("layout,kind", [("x86", K.KIND_I2S), ("plain", K.KIND_LOW)])
+@pytest.mark.parametrize("rows,cols", [(7, 256), (10, 640), (5, 512 + 128)])
+def test_mm2_tokens_equals_one_token_kernel(layout, kind, rows, cols):
+    from bitformat.runtime.cpu.batch import mm2_vnni_tokens
+
+    rng = np.random.default_rng(rows * cols)
+    W = rng.integers(0, 256, (rows, cols // 4), dtype=np.uint8)
+    W[W & 3 == 3] ^= 1  # code 3 is not a trit (the kernels trust validated bytes)
+    ws = rng.uniform(0.5, 2, rows).astype(np.float32)
+    for T in (1, 2, 3, 5, 8, 13):
+        qa = quantize_activations(rng.standard_normal((T, cols)).astype(np.float32))
+        XG = K.slot_activations(qa.q, layout, cols)
+        corr = qa.q.sum(axis=1, dtype=np.int32)
+        want = np.empty((T, rows), np.float32)
+        got = np.empty((T, rows), np.float32)
+        K.mm2_vnni(W, XG, corr, qa.s, ws, kind, want)
+        mm2_vnni_tokens(W, XG, corr, qa.s, ws, kind, got)
+        np.testing.assert_array_equal(got, want, err_msg=f"T={T}")
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("vocab,h", [(37, 256), (10, 80), (9, 100)])
+def test_lm_head_tokens_rows_do_not_depend_on_the_batch(bf16, vocab, h):
+    from bitformat.runtime.cpu.batch import lm_head_tokens
+
+    rng = np.random.default_rng(vocab + h)
+    vals = (rng.standard_normal((vocab, h)) * 0.05).astype(np.float32)
+    if bf16:
+        E = (vals.view(np.uint32) >> 16).astype(np.uint16)
+        ref_e = (E.astype(np.uint32) << 16).view(np.float32)
+    else:
+        E = vals.astype(np.float16).view(np.uint16)
+        ref_e = E.view(np.float16).astype(np.float32)
+    X = rng.standard_normal((11, h)).astype(np.float32)
+    together = np.empty((11, vocab), np.float32)
+    lm_head_tokens(E, X, bf16, together)
+    np.testing.assert_allclose(together, X.astype(np.float64) @ ref_e.T.astype(np.float64),
+                               rtol=1e-5, atol=1e-5)
+    for T in (1, 2, 3, 4, 8):
+        part = np.empty((T, vocab), np.float32)
+        for t0 in range(0, 11 - T + 1, T):
+            lm_head_tokens(E, np.ascontiguousarray(X[t0:t0 + T]), bf16, part)
+            np.testing.assert_array_equal(part, together[t0:t0 + T], err_msg=f"T={T}")
