@@ -6,16 +6,20 @@ and then ``tokens`` greedy decode steps are timed. Per token and per kernel clas
 the bytes read, the milliseconds and the effective GB/s; per container the totals and decode
 tokens/s.
 
-Bytes are the container's own (every class reads its tensors once per token, as
-:class:`~.runtime.loader.LoadedModel` counts them), so they depend on the container only, not on
-the backend:
+Bytes are what a step reads (every class reads its tensors once per token, as
+:class:`~.runtime.loader.LoadedModel` counts them): the container's own bytes, except where the
+backend decoded them at load. A rans container is measured twice: ``decode="load"`` (its
+streams decoded once into stfma rows, which the 2-bit kernels read: 2 bits a weight) and
+``decode="fused"`` (the stream words, decoded inside every mat-vec), the bytes-read-versus-
+latency trade-off; its coded LM head is decoded into f16 at load either way. ``load_s`` is the
+time :func:`~.runtime.load` (or the wgpu upload) took, decoding included:
 
 ==============  ===========================================  ===============================
 class           bytes per token                              time (cpu / wgpu)
 ==============  ===========================================  ===============================
-``ternary``     every ternary matrix in its container bytes  ``bitlinear`` calls / mat-vec,
+``ternary``     every ternary matrix as the backend reads it ``bitlinear`` calls / mat-vec,
                                                              rans gather and finish kernels
-``lm_head``     ``token_embd`` (the tied LM head)            ``lm_head`` calls / lm_head and
+``lm_head``     ``token_embd`` (the tied LM head), as f16    ``lm_head`` calls / lm_head and
                                                              argmax kernels
 ``other``       the other tensors (norm gains, scales)       the rest of the step / embed and
                                                              norm_quant kernels
@@ -81,6 +85,11 @@ class ContainerBench:
     load_s: float
     tokens: list[int] = field(default_factory=list)  # the greedy tokens of the timed steps
     detail: dict[str, Any] | None = None  # wgpu: the raw profile (its own per-kind bytes)
+    decode: str = ""  # rans: "load" or "fused" (see the module docstring)
+
+    @property
+    def label(self) -> str:
+        return f"{self.format} ({self.decode})" if self.decode else self.format
 
 
 @dataclass
@@ -117,12 +126,17 @@ def kv_bytes_per_position(args: Any) -> int:
     return 2 * args.n_layers * args.n_kv_heads * args.head_dim * F32
 
 
-def class_bytes(model: Model, kv_bytes: int) -> dict[str, int]:
+def class_bytes(model: Model, kv_bytes: int, decode: str = "") -> dict[str, int]:
     """Bytes per token of each kernel class (see the module docstring)."""
+    from .runtime.cpu.rans_rows import stfma_row_bytes
+
     out = dict.fromkeys(CLASSES, 0)
     for e in model.entries:
         key = "ternary" if e.ternary else "lm_head" if e.name == "token_embd.weight" else "other"
-        out[key] += e.nbytes
+        if e.encoding == "rans" and decode == "load":
+            out[key] += e.shape[0] * stfma_row_bytes(e.shape[1])
+        else:
+            out[key] += e.nbytes if e.ternary else e.plain_nbytes
     out["attention"] = kv_bytes
     return out
 
@@ -165,14 +179,15 @@ def _timed_cpu(backend: Any, timers: _Timers) -> Iterator[None]:
 
 
 def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
-             i2s_variant: str) -> tuple[dict[str, float], float, list[int], float, str]:
+             i2s_variant: str, decode: str = "load"
+             ) -> tuple[dict[str, float], float, list[int], float, str]:
     """(seconds per class, wall seconds, tokens, load seconds, device) of ``tokens`` timed
     decode steps; class seconds are totals over the steps."""
     from .runtime import load
 
-    t0 = time.perf_counter()
-    with load(path, backend="cpu", threads=threads, i2s_variant=i2s_variant) as m:
-        load_s = time.perf_counter() - t0
+    with load(path, backend="cpu", threads=threads, i2s_variant=i2s_variant,
+              decode=decode) as m:
+        load_s = m.load_seconds
         net, be = m.net, m.backend
         cache = net.new_cache(len(prompt) + 1 + tokens)
         tok = int(np.argmax(net.forward(prompt, cache)[-1]))
@@ -191,7 +206,8 @@ def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
         return secs, wall, out, load_s, device
 
 
-def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: int
+def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: int,
+              decode: str = "load"
               ) -> tuple[dict[str, float], float, list[int], float, dict[str, Any]]:
     """The same on the GPU; class seconds are one profiled step at the mean length."""
     from .runtime.wgpu.backend import WgpuBackend
@@ -199,7 +215,7 @@ def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: i
 
     n = len(prompt) + 1 + tokens
     t0 = time.perf_counter()
-    net = WgpuBitNet(_args(model), WgpuBackend(model, device=dev, context=n))
+    net = WgpuBitNet(_args(model), WgpuBackend(model, device=dev, context=n, decode=decode))
     load_s = time.perf_counter() - t0
     cache = net.new_cache(n)
     tok = net.forward_argmax(prompt, cache)
@@ -272,9 +288,10 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
                         bar.close()
             convert_s = time.perf_counter() - t0
             try:
-                result.containers.append(_bench_one(target, fid, backend, dev, prompt, tokens,
-                                                    kv, threads, repeats, i2s_variant,
-                                                    convert_s, stage, result))
+                for decode in (("load", "fused") if fid == "rans" else ("",)):
+                    result.containers.append(_bench_one(
+                        target, fid, backend, dev, prompt, tokens, kv, threads, repeats,
+                        i2s_variant, convert_s, stage, result, decode))
                 if stage:
                     stage(fid, "done")
             finally:
@@ -285,19 +302,20 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
 
 def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int], tokens: int,
                kv: int, threads: int | None, repeats: int, i2s_variant: str, convert_s: float,
-               stage: Callable[[str, str], None] | None, result: BenchResult) -> ContainerBench:
+               stage: Callable[[str, str], None] | None, result: BenchResult,
+               decode: str = "") -> ContainerBench:
     if stage:
-        stage(fid, "loading and decoding")
+        stage(fid, f"loading and decoding{f' ({decode})' if decode else ''}")
     detail = None
     with open_model(target, i2s_variant=i2s_variant) as model:
-        nbytes = class_bytes(model, kv)
+        nbytes = class_bytes(model, kv, decode)
         if backend == "cpu":
             secs, wall, out, load_s, result.device = _run_cpu(target, prompt, tokens, threads,
-                                                              i2s_variant)
+                                                              i2s_variant, decode or "load")
             per_class = {k: v / tokens for k, v in secs.items()}
         else:
             per_class, wall, out, load_s, detail = _run_wgpu(model, dev, prompt, tokens,
-                                                             repeats)
+                                                             repeats, decode or "load")
             result.timing = detail["clock"]
     classes = {k: {"bytes": nbytes[k], "ms": per_class[k] * 1e3,
                    "gbps": nbytes[k] / per_class[k] / 1e9 if per_class[k] > 0 else 0.0}
@@ -306,7 +324,8 @@ def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int]
     ms = wall / tokens * 1e3
     return ContainerBench(fid, str(target), target.stat().st_size if target.is_file() else 0,
                           classes, bpt, ms, 1e3 / ms, bpt / ms / 1e6,
-                          sum(c["ms"] for c in classes.values()), convert_s, load_s, out, detail)
+                          sum(c["ms"] for c in classes.values()), convert_s, load_s, out, detail,
+                          decode)
 
 
 # -- rendering ----------------------------------------------------------------------------------
@@ -321,15 +340,16 @@ def render(r: BenchResult) -> str:
     lines = [f"{Path(r.source).name} on {r.backend} ({r.device})",
              f"{r.prompt_tokens}-token prompt, {r.warmup_tokens} warm-up step, {r.tokens} timed "
              f"decode steps; class times: {where}; totals: host wall time per step", "",
-             f"{'container':<12}{'kernel class':<22}{'MB/token':>12}{'ms/token':>11}"
-             f"{'GB/s':>9}{'tok/s':>10}"]
+             f"{'container':<14}{'kernel class':<22}{'MB/token':>12}{'ms/token':>11}"
+             f"{'GB/s':>9}{'tok/s':>10}{'load s':>9}"]
     for c in r.containers:
         for i, k in enumerate(CLASSES):
             d = c.classes[k]
-            lines.append(f"{c.format if i == 0 else '':<12}{LABELS[k]:<22}{_mb(d['bytes']):>12}"
+            lines.append(f"{c.label if i == 0 else '':<14}{LABELS[k]:<22}{_mb(d['bytes']):>12}"
                          f"{d['ms']:>11.3f}{d['gbps']:>9.2f}")
-        lines.append(f"{'':<12}{'total (wall)':<22}{_mb(c.bytes_per_token):>12}"
-                     f"{c.ms_per_token:>11.3f}{c.gbps:>9.2f}{c.tokens_per_s:>10.1f}")
+        lines.append(f"{'':<14}{'total (wall)':<22}{_mb(c.bytes_per_token):>12}"
+                     f"{c.ms_per_token:>11.3f}{c.gbps:>9.2f}{c.tokens_per_s:>10.1f}"
+                     f"{c.load_s:>9.2f}")
     if len({tuple(c.tokens) for c in r.containers}) > 1:
         lines += ["", "note: the containers decoded different tokens"]
     return "\n".join(lines)
@@ -337,16 +357,17 @@ def render(r: BenchResult) -> str:
 
 def render_markdown(r: BenchResult) -> str:
     """One markdown table row per container (docs/benchmarks.md)."""
-    head = ("| container | MB/token | ms/token (wall) | tok/s | GB/s | "
+    head = ("| container | MB/token | ms/token (wall) | tok/s | GB/s | load s | "
             + " | ".join(f"{LABELS[k]}: ms (GB/s)" for k in CLASSES) + " |")
-    rows = [head, "|" + "---|" * (5 + len(CLASSES))]
+    rows = [head, "|" + "---|" * (6 + len(CLASSES))]
     def ms(v: float) -> str:
         return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.3f}"
 
     for c in r.containers:
         cells = [f"{ms(c.classes[k]['ms'])} ({c.classes[k]['gbps']:.2f})" for k in CLASSES]
-        rows.append(f"| {c.format} | {_mb(c.bytes_per_token)} | {ms(c.ms_per_token)} | "
-                    f"{c.tokens_per_s:.3g} | {c.gbps:.2f} | " + " | ".join(cells) + " |")
+        rows.append(f"| {c.label} | {_mb(c.bytes_per_token)} | {ms(c.ms_per_token)} | "
+                    f"{c.tokens_per_s:.3g} | {c.gbps:.2f} | {c.load_s:.2f} | "
+                    + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

@@ -40,13 +40,13 @@ def plot_bench(result: BenchResult, out: str | os.PathLike) -> None:
         colour = STYLE.get(c.format, ("black",))[0]
         tps = f"{c.tokens_per_s:,.0f}" if c.tokens_per_s >= 100 else f"{c.tokens_per_s:.3g}"
         left.scatter([x], [y], s=60, color=colour, zorder=3, edgecolor="black", linewidth=0.5,
-                     label=f"{c.format}: {tps} tok/s, {c.gbps:.2f} GB/s")
+                     label=f"{c.label}: {tps} tok/s, {c.gbps:.2f} GB/s")
         for gx, gy, names in groups:
             if abs(x - gx) < 0.02 * xspan and abs(y - gy) < 0.03 * yspan:
-                names.append(c.format)
+                names.append(c.label)
                 break
         else:
-            groups.append((x, y, [c.format]))
+            groups.append((x, y, [c.label]))
     for i, (x, y, names) in enumerate(groups):
         near = sum(abs(x - u) < 0.1 * xspan and abs(y - v) < 0.1 * yspan  # stack close labels
                    for u, v, _ in groups[:i])
@@ -63,12 +63,12 @@ def plot_bench(result: BenchResult, out: str | os.PathLike) -> None:
                       clip_on=True)
         left.set_xlim(lo, hi * 1.15)
         left.set_ylim(0, max(ys) * 1.25)
-    left.set_xlabel("MB read per token (container bytes + KV cache)")
+    left.set_xlabel("MB read per token (weights as the backend reads them + KV cache)")
     left.set_ylabel("ms per token (wall)")
     left.set_title(f"{Path(result.source).name} on {result.backend}: bytes against latency")
     left.grid(alpha=0.3)
 
-    names = [c.format for c in cs]
+    names = [c.label for c in cs]
     base = [0.0] * len(cs)
     for k in CLASSES:
         ms = [c.classes[k]["ms"] for c in cs]

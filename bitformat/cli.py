@@ -205,8 +205,11 @@ def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> Non
                    "Python version (for one release of the tokenizers package).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="Where to write the model (an i2_s GGUF container).")
+@click.option("--embedding", type=click.Choice(["bf16", "f16"]), default="bf16",
+              show_default=True, help="Precision of the F16 embedding's values: bf16 values "
+              "(as the official 2B-4T file has them) or full-precision f16.")
 @_friendly_errors
-def synth(preset: str, seed: int, output: Path) -> None:
+def synth(preset: str, seed: int, output: Path, embedding: str) -> None:
     """Build a BitNet model with the real architecture and profile-drawn trits."""
     from tqdm import tqdm
 
@@ -219,7 +222,7 @@ def synth(preset: str, seed: int, output: Path) -> None:
             bar.update(1)
             bar.set_postfix_str(name, refresh=False)
 
-        path = do_synth(preset, output, seed=seed, progress=progress)
+        path = do_synth(preset, output, seed=seed, progress=progress, embedding=embedding)
     click.echo(f"wrote {path} ({preset}, seed {seed})")
 
 
@@ -257,11 +260,14 @@ def _parse_ids(text: str | None) -> list[int] | None:
               help="Print token ids, text and timings as one JSON object at the end.")
 @click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
               show_default=True, help="i2_s block layout of FILE.")
+@click.option("--decode", type=click.Choice(["load", "fused"]), default="load",
+              show_default=True, help="rans files: decode the streams once at load into 2-bit "
+              "rows (fast), or inside every mat-vec (fused: less memory, slower).")
 @_friendly_errors
 def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int, backend: str,
         chat: bool, temperature: float, top_k: int, top_p: float, repetition_penalty: float,
         seed: int | None, threads: int | None, show_special: bool, as_json: bool,
-        i2s_layout: str) -> None:
+        i2s_layout: str, decode: str) -> None:
     """Generate text from FILE (any container or HF folder), streaming as it goes.
 
     The first run on a machine compiles the cpu kernels (about 20 s, said on stderr, kept out
@@ -271,7 +277,7 @@ def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int,
     ids = _parse_ids(prompt_ids)
     if (prompt is None) == (ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
-    with ready_model(file, backend, i2s_layout, threads) as model:
+    with ready_model(file, backend, i2s_layout, threads, decode) as model:
         tokens: list[int] = []
         pieces: list[str] = []
         finish = None
@@ -290,6 +296,8 @@ def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int,
         click.echo(json.dumps({
             "tokens": tokens, "text": "".join(pieces), "finish_reason": finish,
             "backend": backend, "container": model.container,
+            "decode": decode if model.container == "rans" and backend != "numpy" else None,
+            "load_seconds": model.load_seconds,
             "prompt_tokens": stats.prompt_tokens, "prompt_tokens_per_s": stats.prompt_tps,
             "generated_tokens": stats.generated_tokens,
             "generation_tokens_per_s": stats.generation_tps,
@@ -297,7 +305,8 @@ def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int,
         }))
         return
     click.echo()
-    click.echo(f"[{model.container} on {backend}] prompt {stats.prompt_tokens} tokens at "
+    click.echo(f"[{model.container} on {backend}] loaded in {model.load_seconds:.2f} s, "
+               f"prompt {stats.prompt_tokens} tokens at "
                f"{stats.prompt_tps:.1f} tok/s, generated {stats.generated_tokens} at "
                f"{stats.generation_tps:.1f} tok/s, {stats.weight_bytes_per_token / 1e6:.2f} MB "
                f"of weights + {stats.kv_bytes_last_token / 1e6:.3f} MB of KV cache read per "

@@ -140,8 +140,8 @@ class CompileNotice:
 
 
 @contextlib.contextmanager
-def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None
-                ) -> Iterator[Any]:
+def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
+                decode: str = "load") -> Iterator[Any]:
     """``load`` with a bar over the layers, the synthetic-model note, and the kernels compiled
     (or read from numba's cache) before anything is timed, saying so when they compile."""
     from .guide import is_synthetic, synthetic_note
@@ -153,7 +153,8 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None
     try:
         with on_compile(notice):  # validating rans streams at load compiles the decoder
             model = load(file, backend=backend, i2s_variant=i2s_layout, progress=bar,
-                         **({"threads": threads} if backend == "cpu" else {}))
+                         **({"threads": threads} if backend == "cpu" else {}),
+                         **({"decode": decode} if backend != "numpy" else {}))
     finally:
         bar.close()
     with model:

@@ -23,10 +23,11 @@ import numpy as np
 
 from .atomic import check_not_source
 from .constants import GGML_BLOCK_LAYOUT, GGMLType, ValueType
-from .errors import FormatError, MetadataError, UnsupportedConversionError
-from .formats import FORMAT_IDS, get_format
+from .errors import FormatError, MetadataError, ShapeError, UnsupportedConversionError
+from .formats import FORMAT_IDS, get_format, rans_float
 from .formats.base import TernaryFormat
 from .gguf_io import GGUFReader, GGUFWriter, MetaValue
+from .mapping import drop_pages
 from .modelfile import ConvertReport, Model, TensorEntry
 from .quantize import MASTER_ARCHITECTURES, quantize
 from .safetensors_io import FLOAT_DTYPES, as_float32
@@ -60,6 +61,7 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
     spath = str(path)
     entries: list[TensorEntry] = []
     codecs: dict[str, tuple[TernaryFormat, int, int, float | None]] = {}
+    coded: dict[str, tuple[GGMLType, tuple[int, ...]]] = {}  # plain tensors stored coded
     masters: dict[str, str] = {}  # tensor -> its float type
     rules: dict[str, str] = {}
     for info in reader.tensors.values():
@@ -73,6 +75,11 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
             rows, cols = info.shape
             codecs[info.name] = (fmt, rows, cols, None)
             entries.append(TensorEntry(info.name, (rows, cols), fid, info.nbytes, True))
+        elif _coding(reader, info.name) == rans_float.ENCODING:
+            gtype, shape = _coded_plain(reader, info)
+            coded[info.name] = (gtype, shape)
+            entries.append(TensorEntry(info.name, shape, gtype.name, info.nbytes, False,
+                                       rans_float.ENCODING))
         elif enc_key in reader.metadata:
             fid, rows, cols, scale = _tensor_meta(reader, info.name)
             try:
@@ -83,7 +90,10 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
             if fmt.native:
                 raise MetadataError(f"encoding {fid!r} must be stored as GGML type "
                                     f"{fmt.storage_type.name}", path=spath, tensor=info.name)
-            fmt.check_shape(rows, cols, info.name)
+            try:
+                fmt.check_shape(rows, cols, info.name)
+            except ShapeError as e:  # the metadata's shape: name the file too
+                raise ShapeError(e.problem, path=spath, tensor=info.name) from None
             if fmt.variable_size:  # any length; decode checks it against the data's header
                 if len(info.shape) != 1 or info.ggml_type != fmt.storage_type:
                     raise FormatError(f"{fid} data must be a 1-D {fmt.storage_type.name} "
@@ -119,6 +129,12 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
         return fmt.decode(reader.raw(name), rows, cols, scale=scale, path=spath, name=name)
 
     def load_plain(name: str) -> tuple[GGMLType, np.ndarray]:
+        if name in coded:
+            gtype, shape = coded[name]
+            raw = reader.raw(name)
+            out = rans_float.RansFloat().decode(raw, gtype, shape, path=spath, name=name)
+            drop_pages(raw)  # read once: the decoded copy is what the caller keeps
+            return gtype, out
         return reader.tensors[name].ggml_type, reader.raw(name)
 
     kinds = {e.encoding for e in entries if e.ternary}
@@ -156,6 +172,28 @@ def require_ternary(model: Model) -> None:
         f"no ternary weights: the projections are {proj.encoding}, which bitformat does not "
         "read (ternary encodings, or F32/F16/BF16 master weights to quantize)",
         path=model.path, tensor=proj.name)
+
+
+def _coding(reader: GGUFReader, name: str) -> str | None:
+    mv = reader.metadata.get(TENSOR_KEY.format(name=name, field="encoding"))
+    return mv.value if mv is not None and mv.vtype == ValueType.STRING else None
+
+
+def _coded_plain(reader: GGUFReader, info) -> tuple[GGMLType, tuple[int, ...]]:
+    """(logical type, logical shape) of a plain tensor stored as ``rans_float`` words; the
+    rest is checked when it is decoded."""
+    key = TENSOR_KEY.format(name=info.name, field="shape")
+    mv = reader.metadata.get(key)
+    if (mv is None or mv.vtype != ValueType.ARRAY or mv.item_type not in (
+            ValueType.UINT64, ValueType.UINT32) or not 1 <= len(mv.value) <= 4):
+        raise MetadataError(f"missing or malformed metadata {key} (1 to 4 unsigned "
+                            "integers)", path=reader.path, tensor=info.name)
+    if len(info.shape) != 1 or info.ggml_type != GGMLType.I32:
+        raise FormatError(f"rans_float data must be a 1-D I32 tensor, found "
+                          f"{info.ggml_type.name} {info.shape}", path=reader.path,
+                          tensor=info.name)
+    gtype = rans_float.peek_dtype(reader.raw(info.name), path=reader.path, name=info.name)
+    return gtype, tuple(int(v) for v in mv.value)
 
 
 def _i2s(variant: str) -> TernaryFormat:
@@ -211,9 +249,10 @@ def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
                progress: Callable[[TensorEntry], None] | None = None) -> ConvertReport:
     """Write ``model`` as a GGUF container whose ternary tensors use ``fmt``.
 
-    Streams tensor by tensor. Every ternary tensor is checked (and its scales prepared) in a
-    first pass over shapes only where possible; any :class:`ScaleLossError` stops the
-    conversion before the output appears.
+    Streams tensor by tensor, encoding each once. Every ternary tensor's shape is checked
+    before anything is written; a :class:`ScaleLossError` stops the conversion before the
+    output appears. A format with ``plain_coding`` (rans) also codes its F16/BF16 tensors
+    (:mod:`.formats.rans_float`).
     """
     report = ConvertReport(model.path, str(out), fmt.format_id)
     writer = GGUFWriter(str(out))
@@ -222,43 +261,45 @@ def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
         if e.ternary:
             fmt.check_shape(*e.shape, e.name)
     # Per-tensor metadata of non-native encodings holds each tensor's scale, known only once
-    # the tensor is decoded. A fixed-size format writes a placeholder (an f32 is an f32) and
-    # the header is rewritten in place at the end, so every tensor is decoded once. A
-    # variable-size format must know each tensor's size up front: it encodes every tensor in
-    # a pre-pass, then again (deterministically) while streaming, one tensor in memory at a time.
-    sizes: dict[str, int] = {}
+    # the tensor is decoded, and a variable-size tensor's length is known only once it is
+    # encoded. Both are fixed-size fields of the header (an f32, a u64 dimension and offset),
+    # so the header is written with placeholders and rewritten in place at the end; the data
+    # iterator fills them in as it goes, so every tensor is decoded and encoded once.
     scale_keys: dict[str, MetaValue] = {}
-    if not fmt.native:
-        for e in model.entries:
-            if not e.ternary:
-                continue
-            scale = 0.0
-            if fmt.variable_size:
-                t, _ = fmt.prepare(model.ternary(e.name), allow_scale_rounding)
-                sizes[e.name] = int(fmt.encode(t).nbytes)
-                scale = float(t.scales[0])
+    coded: dict[str, GGMLType] = {}
+    for e in model.entries:
+        if e.ternary and not fmt.native:
             rows, cols = e.shape
             meta[TENSOR_KEY.format(name=e.name, field="encoding")] = MetaValue(
                 ValueType.STRING, fmt.format_id)
             meta[TENSOR_KEY.format(name=e.name, field="shape")] = MetaValue(
                 ValueType.ARRAY, np.array([rows, cols], dtype=np.uint64), ValueType.UINT64)
             scale_keys[e.name] = meta[TENSOR_KEY.format(name=e.name, field="scale")] = MetaValue(
-                ValueType.FLOAT32, scale)
+                ValueType.FLOAT32, 0.0)
+        elif not e.ternary and fmt.plain_coding == rans_float.ENCODING:
+            gtype = _plain_type(model, e)
+            if rans_float.codable(gtype, e.shape):
+                coded[e.name] = gtype
+                meta[TENSOR_KEY.format(name=e.name, field="encoding")] = MetaValue(
+                    ValueType.STRING, rans_float.ENCODING)
+                meta[TENSOR_KEY.format(name=e.name, field="shape")] = MetaValue(
+                    ValueType.ARRAY, np.array(e.shape, dtype=np.uint64), ValueType.UINT64)
+    sized_later = GGML_BLOCK_LAYOUT[GGMLType.I32][1]
     for e in model.entries:
-        if e.ternary and fmt.variable_size:
-            item = GGML_BLOCK_LAYOUT[fmt.storage_type][1]
-            writer.add_tensor(e.name, (sizes[e.name] // item,), fmt.storage_type,
-                              sizes[e.name])
+        if (e.ternary and fmt.variable_size) or e.name in coded:
+            writer.add_tensor(e.name, (0,), GGMLType.I32, 0)  # sized when encoded
         elif e.ternary:
             rows, cols = e.shape
             writer.add_tensor(e.name, fmt.stored_shape(rows, cols), fmt.storage_type,
                               fmt.nbytes(rows, cols))
         else:
-            gtype, _ = model.plain(e.name)
-            writer.add_tensor(e.name, e.shape, gtype, e.nbytes)
+            writer.add_tensor(e.name, e.shape, _plain_type(model, e), e.plain_nbytes)
     writer.metadata = meta
+    planned = {t.name: t for t in writer.tensors}
 
     def blobs() -> Iterator[np.ndarray]:
+        # GGUFWriter.write takes each planned tensor, then its data from here: a size set
+        # on the planned tensor before the data is yielded is the size written and checked.
         for e in model.entries:
             if e.ternary:
                 t, loss = fmt.prepare(model.ternary(e.name), allow_scale_rounding)
@@ -268,10 +309,16 @@ def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
                     scale_keys[e.name].value = float(t.scales[0])
                 report.ternary_weights += t.rows * t.cols
                 data = fmt.encode(t)
+            elif e.name in coded:
+                data = rans_float.RansFloat().encode(model.plain(e.name)[1], coded[e.name],
+                                                     e.shape, e.name)
             else:
                 data = model.plain(e.name)[1]
+            if (e.ternary and fmt.variable_size) or e.name in coded:
+                planned[e.name].shape = (data.nbytes // sized_later,)
+                planned[e.name].nbytes = data.nbytes
             report.tensors += 1
-            report.bytes_written += e.nbytes
+            report.bytes_written += data.nbytes
             if progress is not None:
                 progress(e)
             yield data
@@ -279,8 +326,13 @@ def write_gguf(model: Model, out: str | os.PathLike, fmt: TernaryFormat, *,
     # Scales the source already rounded on reading (an HF "bitlinear" 1/s) are reported too.
     for name, change in model.scale_changes.items():
         report.scale_changes.setdefault(name, change)
-    writer.write(blobs(), refresh_header=bool(scale_keys))
+    writer.write(blobs(), refresh_header=bool(scale_keys) or bool(coded) or fmt.variable_size)
     return report
+
+
+def _plain_type(model: Model, e: TensorEntry) -> GGMLType:
+    """A plain tensor's GGML type, without decoding a coded one."""
+    return GGMLType[e.encoding] if e.coding else model.plain(e.name)[0]
 
 
 def convert(source: str | os.PathLike, out: str | os.PathLike, format_id: str, *,

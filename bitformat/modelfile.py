@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .constants import GGMLType
+from .constants import GGMLType, ggml_nbytes
 from .gguf_io import MetaValue
 from .ternary import TernaryTensor
 
@@ -27,10 +27,20 @@ class TensorEntry:
     encoding: str  # a format id for ternary tensors, else the GGML type name ("F16", ...)
     nbytes: int  # bytes it occupies in this container
     ternary: bool
+    #: how a plain tensor is stored when not as its GGML type: "rans_float" (entropy-coded,
+    #: formats/rans_float.py); ``encoding`` stays its logical type and ``plain`` decodes it
+    coding: str = ""
 
     @property
     def n_elements(self) -> int:
         return int(np.prod(self.shape, dtype=object))
+
+    @property
+    def plain_nbytes(self) -> int:
+        """A plain tensor's bytes as its GGML type (what ``Model.plain`` returns)."""
+        if not self.coding:
+            return self.nbytes
+        return ggml_nbytes(GGMLType[self.encoding], self.n_elements)
 
 
 @dataclass

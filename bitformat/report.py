@@ -15,7 +15,13 @@ counted, as no container's header is.
 
 A generated token reads every ternary matrix once, the LM head (the f16 embedding, when the
 model ties it to the embedding, as BitNet b1.58 2B-4T does), one embedding row and every norm;
-:class:`Report` gives those bytes per container and the share of each.
+:class:`Report` gives those bytes per container and the share of each (a coded head is read as
+the f16 it is decoded into at load).
+
+The whole file: the LM head is measured too (``Report.head``): its bytes in each container
+(``rans`` codes an F16/BF16 head with ``rans_float``, encoded here and decode-verified; the
+others store it as it is) against the order-0 entropy of its 16-bit values, and
+``Report.model["whole"]`` adds every tensor up, in bits per parameter.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ class Report:
     model: dict = field(default_factory=dict)
     per_token: dict = field(default_factory=dict)
     lm_head: str = ""
+    head: dict = field(default_factory=dict)  # the LM head's bytes per container and floor
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -159,12 +166,41 @@ def _lm_head(model: Model) -> tuple[str, int, int]:
     """(description, bytes the LM head reads per token, bytes of one embedding row)."""
     names = {e.name: e for e in model.entries}
     emb = names.get("token_embd.weight")
-    row = emb.nbytes // max(emb.shape[0], 1) if emb is not None else 0
+    row = emb.plain_nbytes // max(emb.shape[0], 1) if emb is not None else 0
     if "output.weight" in names:
-        return "output.weight", names["output.weight"].nbytes, row
+        return "output.weight", names["output.weight"].plain_nbytes, row
     if emb is not None:
-        return "token_embd.weight (tied)", emb.nbytes, row
+        return "token_embd.weight (tied)", emb.plain_nbytes, row
     return "none", 0, 0
+
+
+def measure_head(model: Model, name: str) -> dict:
+    """The LM head in every container: stored as it is, or (rans) coded with rans_float,
+    encoded here and decoded again to check it; and the order-0 entropy of its values."""
+    from .formats import rans_float as rf
+    from .summary import order0_entropy
+
+    e = model.entry(name)
+    gtype, raw = model.plain(name)
+    n = e.n_elements
+    plain = int(raw.nbytes)
+    sizes: dict[str, int | None] = {c: None for c in CONTAINERS}
+    for fid in FORMAT_IDS:
+        sizes[fid] = plain
+    floor = None
+    if gtype.name in ("F16", "BF16"):
+        floor = order0_entropy(rf.RansFloat.histogram(raw))
+    if rf.codable(gtype, e.shape):
+        coded = rf.RansFloat().encode(raw, gtype, e.shape, name)
+        back = rf.RansFloat().decode(coded, gtype, e.shape, name=name)
+        if not np.array_equal(back, raw.reshape(-1).view(np.uint8)):
+            raise RuntimeError(f"rans_float: decoding the bytes just encoded changed {name} "
+                               "(a bug in bitformat)")
+        sizes["rans"] = int(coded.nbytes)
+    return {"name": name, "type": gtype.name, "shape": list(e.shape), "values": n,
+            "bytes": sizes,
+            "bits_per_value": {c: None if b is None else b * 8 / n for c, b in sizes.items()},
+            "floors": {"order0_value": floor}}
 
 
 def build_report(path, *, zstd_level: int = ZSTD_LEVEL, i2s_variant: str = "x86",
@@ -181,16 +217,50 @@ def build_report(path, *, zstd_level: int = ZSTD_LEVEL, i2s_variant: str = "x86"
         head, head_bytes, row_bytes = _lm_head(model)
         report.lm_head = head
         norms = 0
+        other_values = 0
         for e in model.entries:
             if e.ternary:
                 t = model.ternary(e.name)
                 report.tensors.append(measure_tensor(t, e.name, e.nbytes, zstd_level))
-            elif e.name not in ("token_embd.weight", "output.weight"):
-                norms += e.nbytes
+            elif e.name == head.split()[0]:
+                report.head = measure_head(model, e.name)
+            elif e.name == "token_embd.weight":  # untied: the embedding is "other" too
+                norms += e.plain_nbytes
+                other_values += e.n_elements
+            else:
+                norms += e.plain_nbytes
+                other_values += e.n_elements
             if progress is not None:
                 progress(e)
     _totals(report, head_bytes, row_bytes, norms)
+    _whole(report, norms, other_values)
     return report
+
+
+def _whole(report: Report, other: int, other_values: int) -> None:
+    """``model["whole"]``: every tensor of the file in each container, in bits per parameter
+    (ternary weights, the LM head, the rest); the metadata (tokenizer) is not counted."""
+    hd = report.head
+    head_values = hd.get("values", 0)
+    params = report.model["weights"] + head_values + other_values
+    whole = {}
+    for c in report.containers:
+        tern = report.model["bytes"][c]
+        head = hd["bytes"][c] if hd else 0
+        if tern is None or head is None:
+            whole[c] = None
+            continue
+        total = tern + head + other
+        whole[c] = {"bytes": total, "ternary": tern, "lm_head": head, "other": other,
+                    "bits_per_parameter": total * 8 / params if params else None}
+    fl = report.model["floors"]
+    floor = None
+    if hd and hd["floors"]["order0_value"] is not None:
+        floor = (fl["order0_tensor"] * report.model["weights"]
+                 + hd["floors"]["order0_value"] * head_values + other * 8) / params
+    report.model["parameters"] = params
+    report.model["whole"] = whole
+    report.model["whole_order0_bits_per_parameter"] = floor
 
 
 def _totals(report: Report, head: int, row: int, norms: int) -> None:
@@ -256,7 +326,23 @@ def render(report: Report) -> str:
                  f"{fl['order0_tensor']:.4f}, per row {fl['order0_row']:.4f} bits per weight; "
                  f"zstd-19 column: Zstandard level 19 over the i2_s bytes")
     lines.append(f"  {FLOOR_NOTE}")
-    lines += ["", f"bytes one generated token reads (LM head: {report.lm_head})",
+    hd = report.head
+    if hd:
+        fl0 = hd["floors"]["order0_value"]
+        lines += ["", f"LM head {hd['name']} ({hd['type']}, {hd['values']:,} values): bits per "
+                  "value" + (f"; order-0 entropy of its values {fl0:.4f}" if fl0 else ""),
+                  "  " + ", ".join(f"{LABELS.get(c, c)} {v:.4f}"
+                                   for c, v in hd["bits_per_value"].items() if v is not None)]
+    lines += ["", "the whole file (tensors; metadata not counted): bits per parameter"]
+    for c, d in m.get("whole", {}).items():
+        if d is not None:
+            lines.append(f"  {LABELS.get(c, c):<12}{human_bytes(d['bytes']):>12}"
+                         f"{d['bits_per_parameter']:>9.4f}")
+    if m.get("whole_order0_bits_per_parameter") is not None:
+        lines.append(f"  {'order-0':<12}{'':>12}{m['whole_order0_bits_per_parameter']:>9.4f}  "
+                     "(ternary at its per-tensor order-0 entropy, the head at its values', the "
+                     "rest as stored)")
+    lines += ["", f"bytes one generated token reads (LM head: {report.lm_head}, decoded)",
               f"{'container':<12}{'ternary':>12}{'LM head':>12}{'norms+row':>12}{'total':>12}"
               f"{'ternary %':>11}{'LM head %':>11}"]
     for c, d in report.per_token.items():
@@ -269,4 +355,4 @@ def render(report: Report) -> str:
 
 
 __all__ = ["CONTAINERS", "Report", "TensorReport", "build_report", "entropy_bits",
-           "measure_tensor", "render", "row_entropy_bits"]
+           "measure_head", "measure_tensor", "render", "row_entropy_bits"]

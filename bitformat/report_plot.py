@@ -3,8 +3,10 @@
 * Top: bits per weight of every tensor (by layer, then kind) in each container, with the
   order-0 entropies (a table per tensor, per row, one for the model) drawn as black lines;
   they bound single-trit codes, not rans (:data:`~bitformat.report.FLOOR_NOTE`).
-* Bottom: the bytes one generated token reads in each container, split into ternary weights,
-  the LM head and the rest (norms and one embedding row), with the LM head's share written on.
+* Bottom: the whole file in each container (every tensor; the metadata not counted), split
+  into ternary weights, the LM head and the rest (norms), with its bits per parameter written
+  on, against the order-0 reference (ternary weights at their per-tensor entropy, the head at
+  the entropy of its 16-bit values).
 
 matplotlib is imported here only, and drawn through its Agg canvas (no pyplot, no global
 backend switch), so this works without a display and leaves a caller's matplotlib alone.
@@ -81,26 +83,34 @@ def plot_report(report: Report, out: str | os.PathLike) -> None:
     top.text(0.0, -0.16, "black lines: " + FLOOR_NOTE, transform=top.transAxes, fontsize=7,
              va="top", wrap=True)
 
-    names = list(report.per_token)
-    mb = {k: [report.per_token[c][k] / 1e6 for c in names] for k in
-          ("ternary", "lm_head", "norms", "embedding_row")}
-    rest = [a + b for a, b in zip(mb["norms"], mb["embedding_row"], strict=True)]
+    whole = {c: d for c, d in report.model.get("whole", {}).items() if d is not None}
+    names = list(whole)
+    mb = {k: [whole[c][k] / 1e6 for c in names] for k in ("ternary", "lm_head", "other")}
     labels = [LABELS.get(c, c) for c in names]
     bottom.barh(labels, mb["ternary"], color="#4c72b0", label="ternary weights")
+    head = report.head
+    coded = ", rans codes it" if head and head["bytes"].get("rans") != head["bytes"].get(
+        "i2_s") else ""
     bottom.barh(labels, mb["lm_head"], left=mb["ternary"], color="#dd8452",
-                label=f"LM head ({report.lm_head})")
+                label=f"LM head ({report.lm_head}{coded})")
     left = [a + b for a, b in zip(mb["ternary"], mb["lm_head"], strict=True)]
-    bottom.barh(labels, rest, left=left, color="#55a868", label="norms + embedding row")
-    half = [report.per_token[c]["total"] / 2e6 for c in names]
-    bottom.scatter(half, labels, marker="|", s=400, color="black", zorder=3,
-                   label="half of the token's bytes")
+    bottom.barh(labels, mb["other"], left=left, color="#55a868", label="norms and the rest")
     for i, c in enumerate(names):
-        share = report.per_token[c]["share"]["lm_head"]
+        total = whole[c]["bytes"] / 1e6
+        bottom.text(total, i, f" {whole[c]['bits_per_parameter']:.3f} bits/param",
+                    va="center", ha="left", fontsize=8)
+        share = whole[c]["lm_head"] / whole[c]["bytes"]
         bottom.text(mb["ternary"][i] + mb["lm_head"][i] / 2, i, f"LM head {share:.0%}",
                     va="center", ha="center", fontsize=8, color="white")
+    ref = report.model.get("whole_order0_bits_per_parameter")
+    if ref is not None and report.model.get("parameters"):
+        bottom.axvline(ref * report.model["parameters"] / 8e6, color="black", ls="--", lw=1,
+                       label=f"order-0 reference ({ref:.3f} bits/param)")
+    if names:
+        bottom.set_xlim(0, 1.22 * max(whole[c]["bytes"] for c in names) / 1e6)  # room for text
     bottom.invert_yaxis()
-    bottom.set_xlabel("MB read per generated token")
-    bottom.set_title("bytes per generated token, by container")
+    bottom.set_xlabel("MB of tensor data in the file")
+    bottom.set_title("the whole file, by container")
     bottom.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save_figure(fig, out)
 

@@ -14,15 +14,16 @@ from .modelfile import Model, TensorEntry
 class TensorStats:
     name: str
     shape: list[int]
-    encoding: str
-    bytes: int
-    bits_per_weight: float | None = None  # ternary tensors only
-    share_minus: float | None = None
+    encoding: str  # ternary: the format id; plain: the GGML type (F16, F32, ...)
+    bytes: int  # as stored in this container
+    bits_per_weight: float | None = None  # bytes * 8 per value, every tensor
+    share_minus: float | None = None  # ternary tensors only, down to dead_rows
     share_zero: float | None = None
     share_plus: float | None = None
-    entropy_bits: float | None = None  # order-0 entropy of the trits
+    entropy_bits: float | None = None  # order-0 entropy of the trits, or of 16-bit values
     dead_rows: int | None = None
     scale: float | None = None  # None when per-block scales differ
+    coding: str = ""  # a plain tensor stored coded: "rans_float"
 
 
 @dataclass
@@ -61,6 +62,20 @@ def ternary_stats(e: TensorEntry, trits: np.ndarray) -> dict:
     }
 
 
+def value_entropy(raw: np.ndarray) -> float:
+    """Order-0 entropy (bits per value) of a 16-bit tensor's values: the floor of any coder
+    that codes each value alone with one distribution."""
+    from .formats.rans_float import RansFloat
+
+    return order0_entropy(RansFloat.histogram(raw))
+
+
+def _head_name(model: Model) -> str:
+    """The LM head: ``output.weight`` if the model has one, else the tied embedding."""
+    names = {e.name for e in model.entries}
+    return "output.weight" if "output.weight" in names else "token_embd.weight"
+
+
 CONFIG_KEYS = ("vocab_size", "context_length", "embedding_length", "block_count",
                "feed_forward_length", "attention.head_count", "attention.head_count_kv",
                "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count")
@@ -92,9 +107,18 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
     ternary_bytes = ternary_weights = embed_bytes = embed_row = other_bytes = 0
     total_bytes = 0
     counts = np.zeros(3, dtype=np.int64)
+    head = None
     for e in model.entries:
-        stats = TensorStats(e.name, list(e.shape), e.encoding, e.nbytes)
+        stats = TensorStats(e.name, list(e.shape), e.encoding, e.nbytes,
+                            e.nbytes * 8 / max(e.n_elements, 1), coding=e.coding)
         total_bytes += e.nbytes
+        if not e.ternary and e.encoding in ("F16", "BF16"):
+            stats.entropy_bits = value_entropy(model.plain(e.name)[1])
+        if e.name == _head_name(model):
+            head = {"name": e.name, "shape": list(e.shape), "type": e.encoding,
+                    "coding": e.coding, "values": e.n_elements, "bytes": e.nbytes,
+                    "bits_per_value": stats.bits_per_weight,
+                    "entropy_bits": stats.entropy_bits}
         if e.ternary:
             t = model.ternary(e.name)
             for k, v in ternary_stats(e, t.trits).items():
@@ -103,11 +127,11 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
             counts += np.bincount((t.trits.reshape(-1) + 1).astype(np.intp), minlength=3)[:3]
             ternary_bytes += e.nbytes
             ternary_weights += t.rows * t.cols
-        elif e.name == "token_embd.weight":
-            embed_bytes += e.nbytes
-            embed_row = e.nbytes // max(e.shape[0], 1)
+        elif e.name == "token_embd.weight":  # a coded one is read decoded, at its type's size
+            embed_bytes += e.plain_nbytes
+            embed_row = e.plain_nbytes // max(e.shape[0], 1)
         elif e.name == "output.weight":
-            embed_bytes += e.nbytes  # an untied head is read instead of the embedding
+            embed_bytes += e.plain_nbytes  # an untied head is read instead of the embedding
         else:
             other_bytes += e.nbytes
         summary.tensors.append(stats)
@@ -116,6 +140,7 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
     # One generated token reads every ternary matrix, the LM head (the embedding when tied),
     # one embedding row, and every norm.
     per_token = ternary_bytes + embed_bytes + embed_row + other_bytes
+    parameters = sum(e.n_elements for e in model.entries)
     summary.totals = {
         "tensors": len(model.entries),
         "ternary_tensors": sum(1 for e in model.entries if e.ternary),
@@ -126,6 +151,9 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
         "entropy_bits": order0_entropy(counts),
         "share_zero": float(counts[1] / counts.sum()) if counts.sum() else None,
         "tensor_bytes": total_bytes,
+        "parameters": parameters,
+        "bits_per_parameter": total_bytes * 8 / parameters if parameters else None,
+        "lm_head": head,
         "bytes_per_token": per_token,
         "lm_head_share_of_token": embed_bytes / per_token if per_token else None,
     }
@@ -152,18 +180,20 @@ def render(summary: ModelSummary) -> str:
                  f"{tok['bos_token_id']}, eos {tok['eos_token_id']}, chat template "
                  f"{'yes' if tok['chat_template'] else 'no'}")
     lines.append("")
-    head = (f"{'tensor':<28} {'shape':>13} {'encoding':>11} {'bytes':>11} {'bpw':>6} "
-            f"{'-1':>6} {'0':>6} {'+1':>6} {'H0':>6} {'dead':>5}")
+    head = (f"{'tensor':<28} {'shape':>13} {'encoding':>16} {'bytes':>11} {'bpw':>7} "
+            f"{'-1':>6} {'0':>6} {'+1':>6} {'H0':>7} {'dead':>5}")
     lines.append(head)
     lines.append("-" * len(head))
     for t in summary.tensors:
         shape = "x".join(str(d) for d in t.shape)
-        if t.bits_per_weight is None:
-            lines.append(f"{t.name:<28} {shape:>13} {t.encoding:>11} {t.bytes:>11}")
-        else:
-            lines.append(f"{t.name:<28} {shape:>13} {t.encoding:>11} {t.bytes:>11} "
-                         f"{t.bits_per_weight:6.3f} {t.share_minus:6.3f} {t.share_zero:6.3f} "
-                         f"{t.share_plus:6.3f} {t.entropy_bits:6.4f} {t.dead_rows:>5}")
+        enc = f"{t.encoding} {t.coding}" if t.coding else t.encoding
+        row = f"{t.name:<28} {shape:>13} {enc:>16} {t.bytes:>11} {t.bits_per_weight:7.3f}"
+        if t.share_zero is not None:
+            row += (f" {t.share_minus:6.3f} {t.share_zero:6.3f} {t.share_plus:6.3f} "
+                    f"{t.entropy_bits:7.4f} {t.dead_rows:>5}")
+        elif t.entropy_bits is not None:
+            row += f" {'':>6} {'':>6} {'':>6} {t.entropy_bits:7.4f}"
+        lines.append(row)
     tot = summary.totals
     lines.append("")
     lines.append(f"  ternary weights    {tot['ternary_weights']:,} in "
@@ -172,7 +202,16 @@ def render(summary: ModelSummary) -> str:
         lines.append(f"  bits per weight    {tot['ternary_bits_per_weight']:.4f} stored, "
                      f"{tot['entropy_bits']:.4f} order-0 entropy, zero share "
                      f"{tot['share_zero']:.3f}")
-    lines.append(f"  tensor data        {human_bytes(tot['tensor_bytes'])}")
+    hd = tot["lm_head"]
+    if hd is not None:
+        how = f"coded {hd['coding']}" if hd["coding"] else "stored as it is"
+        floor = (f", order-0 entropy of its values {hd['entropy_bits']:.4f}"
+                 if hd["entropy_bits"] is not None else "")
+        lines.append(f"  LM head            {hd['name']} {hd['type']}, {how}: "
+                     f"{hd['bits_per_value']:.4f} bits per value{floor}")
+    lines.append(f"  tensor data        {human_bytes(tot['tensor_bytes'])}: "
+                 f"{tot['parameters']:,} parameters at "
+                 f"{tot['bits_per_parameter']:.4f} bits per parameter")
     share = tot["lm_head_share_of_token"]
     lines.append(f"  bytes per token    {human_bytes(tot['bytes_per_token'])}"
                  + (f" (LM head {share:.0%})" if share is not None else ""))

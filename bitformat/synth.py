@@ -14,7 +14,10 @@ Weights follow the profile measured on the real model (``data/bitnet-2b4t-weight
   profile's example of the same kind at the nearest layer, the dead rows' own share of that
   spread taken out; the mean is corrected so the tensor's zero share matches its target;
 * one bf16 scale per tensor in [1.3, 1.8] (1 + k/128), exact in f16 and f32;
-* norm gains near 1 (bf16 values stored as F32), an F16 normal embedding.
+* norm gains near 1 (bf16 values stored as F32), an F16 normal embedding whose values are
+  bf16 values (``embedding="bf16"``, the default), as in the official file, which was
+  converted from the bf16 master weights: the low 3 mantissa bits of its normal values are
+  zero. ``embedding="f16"`` keeps full f16 precision instead.
 
 ``tiny`` uses layers 0 and 1 of the profile with dead-row counts scaled to its sizes. Every
 tensor draws from its own generator, seeded by (seed, tensor name), so files are
@@ -277,7 +280,10 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return b.view(np.float32)
 
 
-def _tensor(p: Preset, t: PlannedTensor, seed: int) -> np.ndarray:
+EMBEDDINGS = ("bf16", "f16")  # the embedding's precision (stored as F16 either way)
+
+
+def _tensor(p: Preset, t: PlannedTensor, seed: int, embedding: str = "bf16") -> np.ndarray:
     """The stored bytes of one planned tensor."""
     if t.ggml_type == GGMLType.I2_S:
         spec = trit_spec(p, t.name, seed)
@@ -291,17 +297,23 @@ def _tensor(p: Preset, t: PlannedTensor, seed: int) -> np.ndarray:
     for r in range(0, t.shape[0], step):
         chunk = rng.standard_normal((min(step, t.shape[0] - r), t.shape[1]), dtype=np.float32)
         chunk *= p.embed_std
-        out[r:r + step] = chunk
+        out[r:r + step] = _bf16(chunk) if embedding == "bf16" else chunk
     return out
 
 
 def synth(preset: str | Preset, out: str | os.PathLike, seed: int = 0,
-          progress: Callable[[str, int, int], None] | None = None) -> Path:
+          progress: Callable[[str, int, int], None] | None = None,
+          embedding: str = "bf16") -> Path:
     """Write a synthetic model as an i2_s GGUF container at ``out`` and return its path.
 
     Streams tensor by tensor (the 2b4t embedding, 657 MB, is the largest piece held).
     ``progress(name, index, total)`` is called after each tensor is drawn (index from 0).
+    ``embedding``: "bf16" (bf16 values stored as F16, as the official file has them) or
+    "f16" (full-precision F16 values).
     """
+    if embedding not in EMBEDDINGS:
+        raise ValueError(f"embedding must be one of {', '.join(EMBEDDINGS)}, got "
+                         f"{embedding!r:.20}")
     p = _preset(preset)
     fmt = get_format("i2_s")
     entries = plan(p)
@@ -312,7 +324,7 @@ def synth(preset: str | Preset, out: str | os.PathLike, seed: int = 0,
 
     def blobs():
         for i, e in enumerate(entries):
-            data = _tensor(p, e, seed)
+            data = _tensor(p, e, seed, embedding)
             if progress is not None:
                 progress(e.name, i, len(entries))
             yield data
@@ -322,5 +334,5 @@ def synth(preset: str | Preset, out: str | os.PathLike, seed: int = 0,
     return Path(out)
 
 
-__all__ = ["PRESETS", "Preset", "TritSpec", "dead_neurons", "draw_trits", "load_profile",
-           "model_metadata", "plan", "synth", "trit_spec"]
+__all__ = ["EMBEDDINGS", "PRESETS", "Preset", "TritSpec", "dead_neurons", "draw_trits",
+           "load_profile", "model_metadata", "plan", "synth", "trit_spec"]

@@ -16,10 +16,26 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
-    """A `synth --preset tiny` model in the i2_s container (built once per test session)."""
+    """A `synth --preset tiny` model in the i2_s container (built once per test session).
+
+    Its embedding holds full-precision f16 values (``embedding="f16"``), as synth drew them
+    before its default became bf16 values: tests that compare runs to 1e-9, or expect one
+    generated text, were written on these values (bf16 values make exact int8 rounding ties,
+    on which two correct computations may round apart). ``tiny_bf16_gguf`` has the default."""
     from bitformat.synth import synth
 
     out = tmp_path_factory.mktemp("tiny") / "tiny-i2_s.gguf"
+    synth("tiny", out, seed=0, embedding="f16")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bf16_gguf(tmp_path_factory):
+    """The same model with synth's default embedding: bf16 values stored as F16, as the
+    official 2B-4T file has them."""
+    from bitformat.synth import synth
+
+    out = tmp_path_factory.mktemp("tiny-bf16") / "tiny-i2_s.gguf"
     synth("tiny", out, seed=0)
     return out
 

@@ -24,18 +24,26 @@ def bench(*args) -> dict:
     return r
 
 
-def expected_bytes(path, prompt: int, warmup: int, tokens: int) -> dict[str, int]:
-    """Per class, from the container's tensor list and its shape metadata alone."""
+def expected_bytes(path, prompt: int, warmup: int, tokens: int, decode: str = ""
+                   ) -> dict[str, int]:
+    """Per class, from the container's tensor list and its shape metadata alone: rans decoded
+    at load reads stfma rows (16 trits a u32), a coded head is read as the f16 it decodes to."""
     with open_model(path) as m:
         arch = m.get("general.architecture")
         layers, dim = m.get(f"{arch}.block_count"), m.get(f"{arch}.embedding_length")
         heads = m.get(f"{arch}.attention.head_count")
         kv_heads = m.get(f"{arch}.attention.head_count_kv", heads)
-        out = {"ternary": sum(e.nbytes for e in m.entries if e.ternary),
-               "lm_head": m.entry("token_embd.weight").nbytes,
+        emb = m.entry("token_embd.weight")
+        ternary = [e for e in m.entries if e.ternary]
+        out = {"ternary": sum(e.shape[0] * -(-e.shape[1] // 16) * 4 if decode == "load"
+                              else e.nbytes for e in ternary),
+               "lm_head": 2 * emb.shape[0] * emb.shape[1],  # f16 in every tiny container
                "other": sum(e.nbytes for e in m.entries
                             if not e.ternary and e.name != "token_embd.weight")}
-        assert sum(out.values()) == sum(e.nbytes for e in m.entries)
+        if m.container == "rans":
+            assert emb.coding == "rans_float" and emb.nbytes < out["lm_head"]
+        else:
+            assert sum(out.values()) == sum(e.nbytes for e in m.entries)
     per_pos = layers * 2 * kv_heads * (dim // heads) * 4  # f32 K and V of every layer
     # timed step i runs position prompt + warmup + i and reads that many positions + 1
     lengths = [prompt + warmup + i + 1 for i in range(tokens)]
@@ -46,7 +54,8 @@ def expected_bytes(path, prompt: int, warmup: int, tokens: int) -> dict[str, int
 
 
 def check_container(c: dict, r: dict) -> None:
-    want = expected_bytes(c["path"], r["prompt_tokens"], r["warmup_tokens"], r["tokens"])
+    want = expected_bytes(c["path"], r["prompt_tokens"], r["warmup_tokens"], r["tokens"],
+                          c["decode"])
     assert {k: v["bytes"] for k, v in c["classes"].items()} == want, c["format"]
     assert c["bytes_per_token"] == sum(want.values())
     assert c["ms_per_token"] > 0 and c["kernel_ms"] > 0
@@ -66,9 +75,11 @@ def test_cpu_json_bytes_times_and_plot(tiny_gguf, tmp_path):
     assert res["backend"] == "cpu" and res["timing"] == "host"
     assert (res["tokens"], res["warmup_tokens"]) == (TOKENS, 1)
     assert res["prompt_tokens"] == len(PROMPT_IDS)
-    assert [c["format"] for c in res["containers"]] == ["i2_s", "tq1_0", "rans"]
+    assert [(c["format"], c["decode"]) for c in res["containers"]] == [
+        ("i2_s", ""), ("tq1_0", ""), ("rans", "load"), ("rans", "fused")]
     for c in res["containers"]:
         check_container(c, res)
+        assert c["load_s"] > 0
         # the class times are the step's wall time cut into parts
         assert c["kernel_ms"] == pytest.approx(c["ms_per_token"], rel=1e-6)
         with open_model(c["path"]) as m:
@@ -76,6 +87,9 @@ def test_cpu_json_bytes_times_and_plot(tiny_gguf, tmp_path):
         assert c["file_bytes"] == (tiny_gguf if c["format"] == "i2_s" else keep /
                                    f"{tiny_gguf.stem}.{c['format']}.gguf").stat().st_size
     assert res["containers"][0]["path"] == str(tiny_gguf)  # the source is used as it is
+    rans = res["containers"][2:]
+    assert rans[0]["tokens"] == rans[1]["tokens"] == res["containers"][0]["tokens"]
+    assert rans[0]["classes"]["ternary"]["bytes"] > rans[1]["classes"]["ternary"]["bytes"]
     blob = png.read_bytes()
     assert blob[:8] == b"\x89PNG\r\n\x1a\n" and blob[12:16] == b"IHDR"
     assert len(blob) > 20_000  # two panels of marks and text, not an empty canvas

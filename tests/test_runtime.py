@@ -210,7 +210,7 @@ def test_kernels_match_numpy_with_shared_input(tiny, kernel):
     rng = np.random.default_rng(0)
     for fid, path in tiny.items():
         with open_model(path) as c:
-            cpu, ref = CpuBackend(c, kernel=kernel), NumpyBackend(c)
+            cpu, ref = CpuBackend(c, kernel=kernel, decode="fused"), NumpyBackend(c)
             for name in ("blk.0.attn_k.weight", "blk.1.ffn_down.weight", "blk.1.ffn_up.weight"):
                 cols = c.entry(name).shape[1]
                 qa = quantize_activations(rng.standard_normal((3, cols)).astype(np.float32))
@@ -470,7 +470,7 @@ def test_thread_picker_follows_the_faster_setting():
     assert picks.count(2) == 2  # far slower: explored every 4 * EXPLORE-th call only
 
 
-# -- rans: streams decoded inside the mat-vec ------------------------------------------------------
+# -- rans: streams decoded inside the mat-vec (decode="fused"; "load": test_rans_runtime.py) -----
 def _rans_exact(w, trits, q, s):
     """What every cpu kernel must give: exact int sums, then ``/ s * scale`` in float32."""
     exact = (q.astype(np.int64) @ trits.T.astype(np.int64)).astype(np.float32)
@@ -491,7 +491,7 @@ def test_rans_cpu_holds_only_container_words(tiny, kernel):
         pytest.skip("vnni kernels not selected (no AVX512-VNNI, or BITFORMAT_CPU_KERNEL)")
     rng = np.random.default_rng(5)
     with open_model(tiny["rans"]) as c:
-        cpu, ref = CpuBackend(c, kernel=kernel), NumpyBackend(c)
+        cpu, ref = CpuBackend(c, kernel=kernel, decode="fused"), NumpyBackend(c)
         for e in (e for e in c.entries if e.ternary):
             w = cpu.weight(e.name)
             assert isinstance(w, KR.RansWeight)
@@ -553,19 +553,22 @@ def test_rans_corrupt_stream_fails_at_load(tiny, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(bytes(data))
     with open_model(bad) as c:
-        with pytest.raises(FormatError, match="checksum|corrupt"):
-            CpuBackend(c).weight(name)
-        w = CpuBackend(c, validate=False).weight(name)
+        for decode in ("fused", "load"):
+            with pytest.raises(FormatError, match="checksum|corrupt"):
+                CpuBackend(c, decode=decode).weight(name)
+        w = CpuBackend(c, validate=False, decode="fused").weight(name)
         qa = quantize_activations(np.ones((1, w.cols), np.float32))
-        assert CpuBackend(c, validate=False).bitlinear(qa, w).shape == (1, w.rows)
+        assert CpuBackend(c, validate=False, decode="fused").bitlinear(qa, w).shape == (
+            1, w.rows)
 
 
-def test_rans_greedy_with_portable_env(tiny, cpu_models, monkeypatch):
+@pytest.mark.parametrize("decode", ["load", "fused"])
+def test_rans_greedy_with_portable_env(tiny, cpu_models, monkeypatch, decode):
     """BITFORMAT_CPU_KERNEL=portable: the rans model decodes the same tokens."""
     from bitformat.runtime.cpu import kernels as K
 
     monkeypatch.setenv(K.ENV_VAR, "portable")
-    with load(tiny["rans"], backend="cpu") as m:
+    with load(tiny["rans"], backend="cpu", decode=decode) as m:
         assert m.backend.kernel == "portable"
         got = m.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens
     assert got == cpu_models["i2_s"].generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens

@@ -182,12 +182,12 @@ def test_norms_and_embedding(tiny):
             assert np.all(np.isfinite(emb)) and abs(float(emb.std()) - 0.1) < 0.005
 
 
-def test_deterministic(tiny_gguf, tmp_path):
+def test_deterministic(tiny_bf16_gguf, tmp_path):
     again = synth("tiny", tmp_path / "again.gguf", seed=0)
-    assert again.read_bytes() == tiny_gguf.read_bytes()
+    assert again.read_bytes() == tiny_bf16_gguf.read_bytes()
     other = synth("tiny", tmp_path / "other.gguf", seed=1)
-    assert other.read_bytes() != tiny_gguf.read_bytes()
-    assert other.stat().st_size == tiny_gguf.stat().st_size
+    assert other.read_bytes() != tiny_bf16_gguf.read_bytes()
+    assert other.stat().st_size == tiny_bf16_gguf.stat().st_size
 
 
 def test_progress(tmp_path):
@@ -201,3 +201,26 @@ def test_unknown_preset(tmp_path):
     with pytest.raises(ValueError, match="unknown preset"):
         synth("7b", tmp_path / "x.gguf")
     assert not list(tmp_path.iterdir())
+
+
+def test_embedding_holds_bf16_values_by_default(tiny_bf16_gguf, tmp_path):
+    """As the official file: bf16 master weights stored as F16, so the low 3 mantissa bits of
+    every normal value are zero; ``embedding="f16"`` keeps full precision."""
+    from bitformat.container import open_model
+
+    with open_model(tiny_bf16_gguf) as m:
+        gtype, raw = m.plain("token_embd.weight")
+    v = raw.view(np.uint16)
+    normal = ((v >> 10) & 31) > 0
+    assert gtype == GGMLType.F16 and normal.mean() > 0.99
+    assert not (v[normal] & 7).any()
+    x = v.view(np.float16).astype(np.float32)
+    assert np.array_equal(x.astype(np.float16).view(np.uint16), v)
+    bf = (x.view(np.uint32) >> 16 << 16).view(np.float32)  # the bf16 value, exactly
+    assert np.array_equal(bf[normal], x[normal])
+    full = synth("tiny", tmp_path / "f16.gguf", embedding="f16")
+    with open_model(full) as m:
+        w = m.plain("token_embd.weight")[1].view(np.uint16)
+    assert (w & 7).any() and np.abs(w.view(np.float16).astype(np.float32) - x).max() < 1e-3
+    with pytest.raises(ValueError, match="bf16, f16"):
+        synth("tiny", tmp_path / "x.gguf", embedding="fp8")

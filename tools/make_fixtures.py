@@ -5,6 +5,10 @@ matrix) and ``scale.json`` (shape and scales). The matrix is 3 x 512 with two al
 256-value blocks and scale 1.5; stfma and colpack_u32 keep only its first 500 columns so
 their row padding is frozen too.
 
+``rans_float/`` freezes the 16-bit float coding: ``tensor.bin``, ``values.npy`` (uint16
+patterns, 24 x 200 f16 holding bf16 values, rows of two scales, two subnormals and three
+values that are not from bf16: every section of the layout) and ``info.json``.
+
 Usage::
 
     python tools/make_fixtures.py           # write missing fixtures, verify existing ones
@@ -54,15 +58,42 @@ def build(fid: str) -> dict[str, bytes]:
             "scale.json": (json.dumps(info, indent=1) + "\n").encode()}
 
 
+def float_values() -> np.ndarray:
+    """The rans_float fixture's values (uint16 f16 patterns, 24 x 200)."""
+    rng = np.random.default_rng(SEED)
+    scale = np.where(np.arange(24) % 2, 1e-3, 0.05)[:, None]
+    x = (rng.standard_normal((24, 200)) * scale).astype(np.float32).view(np.uint32)
+    x = (x + 0x7FFF + ((x >> 16) & 1)) & np.uint32(0xFFFF0000)  # round to bfloat16
+    v = x.view(np.float32).astype(np.float16).view(np.uint16)
+    v[0, 3] |= 1  # not from bf16: exceptions
+    v[2, 50] |= 2
+    v[4, 7] |= 5
+    v[6, 1], v[8, 2] = 0x0001, 0x8203  # subnormals (exponent 0 keeps its low bits)
+    return v
+
+
+def build_float() -> dict[str, bytes]:
+    from bitformat.constants import GGMLType
+    from bitformat.formats.rans_float import RansFloat
+
+    v = float_values()
+    npy = io.BytesIO()
+    np.save(npy, v, allow_pickle=False)
+    info = {"format": "rans_float", "dtype": "F16", "shape": list(v.shape)}
+    return {"tensor.bin": RansFloat().encode(v, GGMLType.F16, v.shape).tobytes(),
+            "values.npy": npy.getvalue(), "info.json": (json.dumps(info, indent=1) + "\n")
+            .encode()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="rewrite fixtures that differ")
     args = ap.parse_args(argv)
     status = 0
-    for fid in FORMAT_IDS:
+    for fid in (*FORMAT_IDS, "rans_float"):
         folder = ROOT / fid
         folder.mkdir(parents=True, exist_ok=True)
-        for fname, data in build(fid).items():
+        for fname, data in (build_float() if fid == "rans_float" else build(fid)).items():
             path = folder / fname
             if path.exists() and path.read_bytes() == data:
                 print(f"ok        {path.relative_to(ROOT.parent.parent)}")

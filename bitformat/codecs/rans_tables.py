@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from fractions import Fraction
 
 import numpy as np
 
@@ -74,13 +73,33 @@ def apportion(weights: Sequence[int], units: int = UNITS, total: int | None = No
         for i in order[:left]:
             q[i] += 1
         left -= min(left, len(order))
+    if left < 0:
+        ratio = np.array([wi / qi for wi, qi in zip(w, q, strict=True)])  # correctly rounded
+        ratio[np.array(q) <= 1] = np.inf
     while left < 0:
-        i = min((i for i in range(n) if q[i] > 1), key=lambda i: (Fraction(w[i], q[i]), i))
+        i = _least_weight_per_unit(w, q, ratio)
         q[i] -= 1
+        ratio[i] = w[i] / q[i] if q[i] > 1 else np.inf
         left += 1
     if left != 0:  # only if total < sum(weights), which callers never pass
         raise ValueError("weights exceed the stated total")
     return np.array(q, dtype=np.int64)
+
+
+def _least_weight_per_unit(w: list[int], q: list[int], ratio: np.ndarray) -> int:
+    """The index i with q[i] > 1 of the least w[i] / q[i] (lowest index on ties), exactly.
+
+    ``ratio`` holds the float quotients (inf where q[i] <= 1), each within 2^-53 of the true
+    one: only those within 1e-9 of the least can be the least, and those few are compared
+    exactly by cross-multiplying Python ints (as Fractions would, without building them).
+    """
+    near = np.flatnonzero(ratio <= ratio.min() * (1 + 1e-9))
+    best = int(near[0])
+    for i in near[1:]:
+        i = int(i)
+        if w[i] * q[best] < w[best] * q[i]:
+            best = i
+    return best
 
 
 def trit_units(counts: Sequence[int]) -> np.ndarray:

@@ -38,6 +38,9 @@ class TernaryFormat:
     row_block: ClassVar[int] = 1  # row length must be a multiple of this
     scale_dtype: ClassVar[str] = "f32"  # the narrowest float the scales are stored in
     description: ClassVar[str] = ""
+    #: how a container in this encoding stores its F16/BF16 tensors: "" (as they are) or
+    #: "rans_float" (entropy-coded, formats/rans_float.py; rans only)
+    plain_coding: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

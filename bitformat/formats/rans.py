@@ -27,7 +27,8 @@ digits as in base3; the last padded with zero trits) with its row class's table.
 from __future__ import annotations
 
 import zlib
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -43,6 +44,9 @@ from ..errors import (
 )
 from ..ternary import TernaryTensor
 from .base import TernaryFormat
+
+if TYPE_CHECKING:
+    from .rans_layout import Geometry
 
 MAGIC = 0x534E4152  # b"RANS" read as a little-endian u32
 VERSION = 1
@@ -109,6 +113,7 @@ class Rans(TernaryFormat):
     description = ("row-class rANS streams of 5-trit symbols over the live sub-matrix, dead "
                    "rows and columns flagged; per-tensor f32 scale in metadata")
     group_of: ClassVar[dict[str, int]] = {"group5": 5, "trit": 1}
+    plain_coding = "rans_float"  # the embedding / LM head too (docs/formats/rans_float.md)
 
     def __init__(self, mode: str = "group5", min_stream: int = MIN_STREAM,
                  max_tables: int = MAX_TABLES):
@@ -175,109 +180,141 @@ class Rans(TernaryFormat):
     # -- decode ----------------------------------------------------------------------------
     def decode(self, raw: np.ndarray, rows: int, cols: int, *, scale: float | None = None,
                path: str | None = None, name: str | None = None) -> TernaryTensor:
-        where = {"path": path, "tensor": name}
-        try:
-            self.check_shape(rows, cols, name or "")
-        except ShapeError as e:
-            raise ShapeError(e.problem, **where) from None
-        if scale is None:
-            raise MetadataError("rans needs the per-tensor scale from the metadata", **where)
-        if not np.isfinite(scale):
-            raise InvalidScaleError(f"scale is {scale}", **where)
-        raw = np.asarray(raw).reshape(-1)
-        if raw.dtype != np.uint8:
-            raw = raw.view(np.uint8)
-        n = raw.size
-        if n < 4 * HEADER_WORDS or n % 4:
-            raise ShapeError(f"a rans tensor is whole words of at least a {4 * HEADER_WORDS}-"
-                             f"byte header, got {n} bytes", **where)
-        h = [int(v) for v in np.frombuffer(raw[:4 * HEADER_WORDS].tobytes(), dtype="<u4")]
-        magic, crc, vg, hrows, hcols, n_live, n_cols, n_tab, k, p, n_streams, n_words = h
-        if magic != MAGIC:
-            raise FormatError(f"not a rans tensor: magic {magic:#010x}, expected "
-                              f"{MAGIC:#010x}", **where)
-        if vg & 0xFF != VERSION or vg >> 16 or (vg >> 8) & 0xFF not in GROUPS:
-            raise FormatError(f"unsupported rans version/group word {vg:#x}", **where)
-        group = (vg >> 8) & 0xFF
-        if (hrows, hcols) != (rows, cols):
-            raise ShapeError(f"rans data is for a {hrows}x{hcols} matrix, the metadata says "
-                             f"{rows}x{cols}", **where)
-        sizes = section_words(rows, cols, min(n_live, rows), min(n_tab, MAX_TABLES),
-                              n_streams, n_words)
-        want = 4 * sum(sizes.values())
-        if n != want:
-            raise ShapeError(f"a {rows}x{cols} rans tensor with {n_streams} streams of "
-                             f"{n_words} words takes {want} bytes, got {n}", **where)
-        if zlib.crc32(raw[8:]) != crc:
-            raise FormatError("rans checksum mismatch (CRC-32 of the tensor data)", **where)
-        return self._decode_checked(raw, rows, cols, group, h, sizes, scale, where)
-
-    def _decode_checked(self, raw, rows, cols, group, h, sizes, scale, where) -> TernaryTensor:
+        p = parse(raw, rows, cols, scale=scale, path=path, name=name)
         from . import rans_layout as rl
 
-        _, _, _, _, _, n_live, n_cols, n_tab, k, p, n_streams, n_words = h
-
-        def bad(msg: str) -> FormatError:
-            return FormatError(f"rans: {msg}", **where)
-
-        if not 1 <= n_tab <= MAX_TABLES:
-            raise bad(f"{n_tab} tables (1..{MAX_TABLES} allowed)")
-        if raw.ctypes.data % 4:
-            raw = raw.copy()
-        words = raw.view("<u4")
-        at = {}
-        pos = 0
-        for key, size in sizes.items():
-            at[key] = words[pos:pos + size]
-            pos += size
-        dead_rows = np.unpackbits(at["dead_rows"].view(np.uint8), bitorder="little")
-        dead_cols = np.unpackbits(at["dead_cols"].view(np.uint8), bitorder="little")
-        if dead_rows[rows:].any() or dead_cols[cols:].any():
-            raise bad("bits past the last row or column are set in a dead-row/column map")
-        lrows = np.flatnonzero(dead_rows[:rows] == 0).astype(np.int64)
-        lcols = np.flatnonzero(dead_cols[:cols] == 0).astype(np.int64)
-        if (lrows.size, lcols.size) != (n_live, n_cols):
-            raise bad(f"header says {n_live} live rows and {n_cols} live columns, the maps "
-                      f"{lrows.size} and {lcols.size}")
-        if (n_live == 0) != (n_cols == 0):
-            raise bad("a matrix with live rows has live columns, and the other way round")
-        if k < 1 or p < 1 or (k > 1 and p > 1) or k > max(n_live, 1) or (
-                p > 1 and p > n_cols // rl.ALIGN):
-            raise bad(f"bad stream geometry: {k} rows per stream, {p} pieces per row for "
-                      f"{n_live}x{n_cols} live trits")
-        geom = rl.Geometry(n_live, n_cols, k, p)
-        if geom.n_streams != n_streams:
-            raise bad(f"header says {n_streams} streams, the geometry gives {geom.n_streams}")
-        tab = at["tables"].reshape(-1, 2).astype(np.int64)
-        units = np.stack([tab[:, 0] & 0xFFFF, tab[:, 0] >> 16, tab[:, 1]], axis=1)
-        if np.any(units.min(axis=1) < 1) or np.any(units.sum(axis=1) != rt.UNITS):
-            raise bad(f"a frequency table is not three units >= 1 summing to {rt.UNITS}")
-        if n_tab > 1:
-            cls = _unpack(at["classes"], 4)
-            if cls[n_live:].any() or (n_live and cls[:n_live].max() >= n_tab):
-                raise bad(f"a row class is not below {n_tab}, or class padding is not zero")
-            cls = cls[:n_live].astype(np.uint8)
-        else:
-            cls = np.zeros(n_live, dtype=np.uint8)
-        counts = _unpack(at["counts"], 16).astype(np.int64)
-        if counts[n_streams:].any() or int(counts[:n_streams].sum()) != n_words:
-            raise bad(f"stream word counts do not add up to the {n_words} stream words")
-        word_off = np.zeros(n_streams + 1, dtype=np.int64)
-        np.cumsum(counts[:n_streams], out=word_off[1:])
-        tables = RansTables.from_stored(GROUPS[group], units)
         out = np.zeros((rows, cols), dtype=np.int8)
-        status = rl.decode(np.ascontiguousarray(at["streams"], dtype=np.uint32), word_off, out,
-                           lrows, lcols if n_cols < cols else None, geom, group, cls,
-                           tables.freqs, tables.cdfs, tables.luts)
+        status = rl.decode(p.streams, p.word_off, out, p.live_rows,
+                           p.live_cols if p.live_cols.size < cols else None, p.geometry,
+                           p.group, p.classes, p.tables.freqs, p.tables.cdfs, p.tables.luts)
         if status.any():
-            s = int(np.flatnonzero(status)[0])
-            g, j = divmod(s, p)
-            r0, r1 = g * k, min(n_live, g * k + k) - 1
-            c = geom.cuts()
-            raise bad(f"stream {s} of {n_streams} (live rows {r0}..{r1}, live columns "
-                      f"{int(c[j])}..{int(c[j + 1]) - 1}) is corrupt: it did not end in state "
-                      "0 with every word read, or its padding is not zero trits")
-        return TernaryTensor(out, np.float32([scale]), 0, where["tensor"] or "")
+            raise p.corrupt_stream(int(np.flatnonzero(status)[0]))
+        return TernaryTensor(out, np.float32([p.scale]), 0, name or "")
+
+
+@dataclass
+class Parsed:
+    """A rans tensor whose every field has been checked (:func:`parse`), ready to decode."""
+
+    where: dict
+    rows: int
+    cols: int
+    scale: float
+    group: int
+    geometry: Geometry
+    live_rows: np.ndarray  # int64 [L]
+    live_cols: np.ndarray  # int64 [C]
+    classes: np.ndarray  # uint8 [L]
+    units: np.ndarray  # int64 [T, 3]
+    tables: RansTables
+    streams: np.ndarray  # uint32 [W], the stream section
+    stream_start: int  # its first word in the tensor's words
+    word_off: np.ndarray  # int64 [S + 1]: each stream's start in ``streams``
+
+    def corrupt_stream(self, s: int) -> FormatError:
+        g, j = divmod(s, self.geometry.pieces)
+        k = self.geometry.rows_per_stream
+        r0, r1 = g * k, min(self.geometry.live_rows, g * k + k) - 1
+        c = self.geometry.cuts()
+        return FormatError(f"rans: stream {s} of {self.geometry.n_streams} (live rows {r0}.."
+                           f"{r1}, live columns {int(c[j])}..{int(c[j + 1]) - 1}) is corrupt: "
+                           "it did not end in state 0 with every word read, or its padding "
+                           "is not zero trits", **self.where)
+
+
+def parse(raw: np.ndarray, rows: int, cols: int, *, scale: float | None = None,
+          path: str | None = None, name: str | None = None, check_crc: bool = True) -> Parsed:
+    """Check every field of a rans tensor (and its CRC-32) except the streams' contents,
+    which a decoder checks as it reads them (end state, padding)."""
+    where = {"path": path, "tensor": name}
+    try:
+        Rans().check_shape(rows, cols, name or "")
+    except ShapeError as e:
+        raise ShapeError(e.problem, **where) from None
+    if scale is None:
+        raise MetadataError("rans needs the per-tensor scale from the metadata", **where)
+    if not np.isfinite(scale):
+        raise InvalidScaleError(f"scale is {scale}", **where)
+    raw = np.asarray(raw).reshape(-1)
+    if raw.dtype != np.uint8:
+        raw = raw.view(np.uint8)
+    n = raw.size
+    if n < 4 * HEADER_WORDS or n % 4:
+        raise ShapeError(f"a rans tensor is whole words of at least a {4 * HEADER_WORDS}-"
+                         f"byte header, got {n} bytes", **where)
+    h = [int(v) for v in np.frombuffer(raw[:4 * HEADER_WORDS].tobytes(), dtype="<u4")]
+    magic, crc, vg, hrows, hcols, n_live, n_cols, n_tab, k, p, n_streams, n_words = h
+    if magic != MAGIC:
+        raise FormatError(f"not a rans tensor: magic {magic:#010x}, expected "
+                          f"{MAGIC:#010x}", **where)
+    if vg & 0xFF != VERSION or vg >> 16 or (vg >> 8) & 0xFF not in GROUPS:
+        raise FormatError(f"unsupported rans version/group word {vg:#x}", **where)
+    group = (vg >> 8) & 0xFF
+    if (hrows, hcols) != (rows, cols):
+        raise ShapeError(f"rans data is for a {hrows}x{hcols} matrix, the metadata says "
+                         f"{rows}x{cols}", **where)
+    sizes = section_words(rows, cols, min(n_live, rows), min(n_tab, MAX_TABLES),
+                          n_streams, n_words)
+    want = 4 * sum(sizes.values())
+    if n != want:
+        raise ShapeError(f"a {rows}x{cols} rans tensor with {n_streams} streams of "
+                         f"{n_words} words takes {want} bytes, got {n}", **where)
+    if check_crc and zlib.crc32(raw[8:]) != crc:
+        raise FormatError("rans checksum mismatch (CRC-32 of the tensor data)", **where)
+    from . import rans_layout as rl
+
+    def bad(msg: str) -> FormatError:
+        return FormatError(f"rans: {msg}", **where)
+
+    if not 1 <= n_tab <= MAX_TABLES:
+        raise bad(f"{n_tab} tables (1..{MAX_TABLES} allowed)")
+    if raw.ctypes.data % 4:
+        raw = raw.copy()
+    words = raw.view("<u4")
+    at = {}
+    pos = 0
+    for key, size in sizes.items():
+        at[key] = words[pos:pos + size]
+        pos += size
+    dead_rows = np.unpackbits(at["dead_rows"].view(np.uint8), bitorder="little")
+    dead_cols = np.unpackbits(at["dead_cols"].view(np.uint8), bitorder="little")
+    if dead_rows[rows:].any() or dead_cols[cols:].any():
+        raise bad("bits past the last row or column are set in a dead-row/column map")
+    lrows = np.flatnonzero(dead_rows[:rows] == 0).astype(np.int64)
+    lcols = np.flatnonzero(dead_cols[:cols] == 0).astype(np.int64)
+    if (lrows.size, lcols.size) != (n_live, n_cols):
+        raise bad(f"header says {n_live} live rows and {n_cols} live columns, the maps "
+                  f"{lrows.size} and {lcols.size}")
+    if (n_live == 0) != (n_cols == 0):
+        raise bad("a matrix with live rows has live columns, and the other way round")
+    if k < 1 or p < 1 or (k > 1 and p > 1) or k > max(n_live, 1) or (
+            p > 1 and p > n_cols // rl.ALIGN):
+        raise bad(f"bad stream geometry: {k} rows per stream, {p} pieces per row for "
+                  f"{n_live}x{n_cols} live trits")
+    geom = rl.Geometry(n_live, n_cols, k, p)
+    if geom.n_streams != n_streams:
+        raise bad(f"header says {n_streams} streams, the geometry gives {geom.n_streams}")
+    tab = at["tables"].reshape(-1, 2).astype(np.int64)
+    units = np.stack([tab[:, 0] & 0xFFFF, tab[:, 0] >> 16, tab[:, 1]], axis=1)
+    if np.any(units.min(axis=1) < 1) or np.any(units.sum(axis=1) != rt.UNITS):
+        raise bad(f"a frequency table is not three units >= 1 summing to {rt.UNITS}")
+    if n_tab > 1:
+        cls = _unpack(at["classes"], 4)
+        if cls[n_live:].any() or (n_live and cls[:n_live].max() >= n_tab):
+            raise bad(f"a row class is not below {n_tab}, or class padding is not zero")
+        cls = cls[:n_live].astype(np.uint8)
+    else:
+        cls = np.zeros(n_live, dtype=np.uint8)
+    counts = _unpack(at["counts"], 16).astype(np.int64)
+    if counts[n_streams:].any() or int(counts[:n_streams].sum()) != n_words:
+        raise bad(f"stream word counts do not add up to the {n_words} stream words")
+    word_off = np.zeros(n_streams + 1, dtype=np.int64)
+    np.cumsum(counts[:n_streams], out=word_off[1:])
+    tables = RansTables.from_stored(GROUPS[group], units)
+    start = pos - n_words  # the streams are the last section
+    return Parsed(where, rows, cols, float(scale), group, geom, lrows, lcols, cls, units,
+                  tables, np.ascontiguousarray(at["streams"], dtype=np.uint32), start,
+                  word_off)
 
 
 def describe(raw: np.ndarray) -> dict[str, int]:

@@ -52,8 +52,11 @@ class LoadedModel:
             self.net = BitNet(args, backend, progress=progress)
         self.tokenizer = tokenizer
         self.container = container.container
-        # A decode step reads every ternary matrix, the norms and the whole LM head once.
-        self.weight_bytes_per_token = sum(e.nbytes for e in container.entries)
+        # A decode step reads every ternary matrix, the norms and the whole LM head once: in
+        # the container's bytes, or in what the backend decoded them into at load.
+        self.weight_bytes_per_token = getattr(backend, "weight_bytes_per_token", None) or sum(
+            e.plain_nbytes for e in container.entries)
+        self.load_seconds = 0.0
         self.last_stats = GenerationStats(weight_bytes_per_token=self.weight_bytes_per_token)
 
     def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:
@@ -120,7 +123,8 @@ class LoadedModel:
 
 def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32",
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
-         progress: Callable[[int, int], None] | None = None) -> LoadedModel:
+         decode: str = "load", progress: Callable[[int, int], None] | None = None
+         ) -> LoadedModel:
     """Open a BitNet container (any format, or an HF folder) on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
@@ -128,9 +132,16 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     switches between one thread and all cores, whichever streams faster (see
     :class:`~.cpu.backend.ThreadPicker`). ``validate`` (cpu) reads every ternary
     matrix once with its format's checks; the numpy backend checks on every use anyway.
+    ``decode`` (rans containers, cpu and wgpu): "load" decodes the rANS streams once at load
+    into 2-bit rows that the fastest kernels read; "fused" decodes them inside every mat-vec
+    (fewer bytes held and read, several times slower). A coded LM head is decoded into f16
+    at load either way. ``LoadedModel.load_seconds`` says how long loading took.
     ``progress(layer, n_layers)`` is called as each layer's weights are ready (loading the
     2B-4T model takes seconds). Kernels compile on first use: :meth:`LoadedModel.warmup`.
     """
+    if decode not in ("load", "fused"):
+        raise RequestError(f"decode must be load or fused, got {decode!r:.20}")
+    t0 = time.perf_counter()
     if backend not in BACKENDS:
         raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
     if dtype not in ("float32", "float64") or (backend != "numpy" and dtype != "float32"):
@@ -147,11 +158,12 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
             from .cpu.backend import CpuBackend
 
             be: Backend = CpuBackend(container, i2s_variant=i2s_variant, threads=threads,
-                                     validate=validate)
+                                     validate=validate, decode=decode)
         elif backend == "wgpu":
             from .wgpu.backend import WgpuBackend
 
-            be = WgpuBackend(container, i2s_variant=i2s_variant, validate=validate)
+            be = WgpuBackend(container, i2s_variant=i2s_variant, validate=validate,
+                             decode=decode)
         else:
             from .numpy_backend import NumpyBackend
 
@@ -161,7 +173,9 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
             from ..tokenizer import Tokenizer
 
             tokenizer = Tokenizer(container.metadata)
-        return LoadedModel(container, be, args, tokenizer, progress=progress)
+        loaded = LoadedModel(container, be, args, tokenizer, progress=progress)
+        loaded.load_seconds = time.perf_counter() - t0
+        return loaded
     except BaseException:
         container.close()
         raise

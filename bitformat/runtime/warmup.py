@@ -88,17 +88,20 @@ def warm_up_all(backend: str = "cpu",
         d = Path(tmp)
         base = synth("tiny", d / "tiny.gguf")
         variants = [(fid, fid) for fid in FORMAT_IDS] + [("hf", "hf (f32 embedding)"),
-                                                        ("bf16", "i2_s (bf16 embedding)")]
+                                                        ("bf16", "i2_s (bf16 embedding)"),
+                                                        ("rans:fused", "rans (fused decode)")]
         for i, (fid, what) in enumerate(variants):
             if progress is not None:
                 progress(what, i, len(variants))
             t0 = time.perf_counter()
+            fid, _, decode = fid.partition(":")  # rans twice: decoded at load, and fused
             path = base if fid == "i2_s" else d / f"tiny.{fid}"
             if fid == "bf16":
                 _bf16_embedding_copy(base, path)
-            elif fid != "i2_s":
+            elif fid != "i2_s" and not path.exists():
                 convert(base, path, fid)
-            with load(path, backend=backend) as m:
+            extra = {"decode": decode} if decode and backend != "numpy" else {}
+            with load(path, backend=backend, **extra) as m:
                 m.warmup()
             steps.append(WarmupStep(what, time.perf_counter() - t0))
     return steps

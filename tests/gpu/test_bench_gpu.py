@@ -24,14 +24,18 @@ def test_bench_wgpu(tiny_gguf, adapter, tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["backend"] == "wgpu" and res["timing"] in ("gpu-timestamps", "host")
-    assert [c["format"] for c in res["containers"]] == ["i2_s", "rans"]
+    assert [(c["format"], c["decode"]) for c in res["containers"]] == [
+        ("i2_s", ""), ("rans", "load"), ("rans", "fused")]
     for c in res["containers"]:
         check_container(c, res)
         kinds = c["detail"]["kinds"]
-        assert f"matvec:{c['format']}" in kinds and "lm_head" in kinds
+        kernel = "stfma" if c["decode"] == "load" else c["format"]  # decoded at load
+        assert f"matvec:{kernel}" in kinds and "lm_head" in kinds
         # the classes are kernel times of one step; the wall time adds submit and readback
         assert sum(v["seconds"] for v in kinds.values()) * 1e3 == pytest.approx(c["kernel_ms"])
-    assert "rans:gather" in res["containers"][1]["detail"]["kinds"]
+    assert "rans:gather" in res["containers"][2]["detail"]["kinds"]
+    assert "rans:gather" not in res["containers"][1]["detail"]["kinds"]
+    assert res["containers"][1]["tokens"] == res["containers"][2]["tokens"]
     # the timed steps decode what the numpy reference decodes after the prompt and warm-up
     with load(tiny_gguf, backend="numpy") as m:
         want = m.generate(list(PROMPT_IDS), max_new_tokens=TOKENS + 2, stop_ids=[]).tokens

@@ -17,7 +17,6 @@ and one-token attention run as compiled steps too (:mod:`.ops`).
 
 from __future__ import annotations
 
-import mmap
 import time
 from dataclasses import dataclass
 
@@ -25,8 +24,9 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ...constants import GGMLType
-from ...errors import InvalidScaleError, MetadataError
+from ...errors import InvalidScaleError, MetadataError, RequestError
 from ...formats import get_format
+from ...mapping import file_mapping
 from ...modelfile import Model
 from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
 from . import batch as B
@@ -34,7 +34,13 @@ from . import head as H
 from . import kernels as K
 from . import ops
 from . import rans as KR
+from . import rans_rows as RR
+from .arena import WeightArena, resident_copy
 from .threadpool import load_tbb
+
+#: How rans matrices run: decoded once at load into stfma rows in the arena (the 2-bit kernels,
+#: as fast as i2_s), or decoded inside every mat-vec from the file's words ("fused").
+DECODE_MODES = ("load", "fused")
 
 #: Matrices smaller than this run on the calling thread alone (see :meth:`CpuBackend._call`).
 SERIAL_BYTES = 512 << 10
@@ -57,66 +63,6 @@ class CpuWeight:
     scale: np.float32 | np.ndarray  # per-tensor scale, or float32 [rows, n_blocks] (trits)
     layout: str = ""  # slot layout of the activations (2-bit formats)
     kind: int = 0
-
-
-def resident_copy(raw: np.ndarray, chunk: int = 32 << 20,
-                  out: np.ndarray | None = None) -> np.ndarray:
-    """``raw`` copied into anonymous memory (``out``, or a new array), read-only.
-
-    numpy asks for transparent huge pages for arrays of 4 MiB and more. For the tensors read
-    on every token that matters: on 4 KiB pages of a file mapping the LM head streamed 23 GB/s,
-    from huge pages 28-29 (2B-4T, 2 threads), and the ternary matrices went from 16 to 21-24
-    GB/s (:class:`CpuBackend` copies them into one arena). Where ``raw`` views a read-only file
-    mapping (a GGUF), each copied chunk is dropped from this process's mapping again
-    (``MADV_DONTNEED`` only unmaps those pages; a later read faults them back in from the page
-    cache), so the resident size does not count the tensor twice.
-    """
-    out = np.empty_like(raw) if out is None else out
-    mm = raw.base
-    while isinstance(mm, (np.ndarray, memoryview)):
-        mm = mm.base if isinstance(mm, np.ndarray) else mm.obj
-    if not (isinstance(mm, mmap.mmap) and hasattr(mm, "madvise") and memoryview(mm).readonly):
-        mm = None
-    start = raw.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data if mm else 0
-    flat_in, flat_out = raw.reshape(-1), out.reshape(-1)
-    for i in range(0, flat_in.size, chunk):
-        flat_out[i: i + chunk] = flat_in[i: i + chunk]
-        lo = -(-(start + i) // mmap.PAGESIZE) * mmap.PAGESIZE
-        hi = (start + min(i + chunk, flat_in.size)) // mmap.PAGESIZE * mmap.PAGESIZE
-        if mm is not None and hi > lo:
-            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-    out.setflags(write=False)
-    return out
-
-
-class WeightArena:
-    """One anonymous buffer holding every ternary matrix's container bytes, in order of use.
-
-    The model asks for its matrices layer by layer, q to down, which is the order a token reads
-    them, so a decode step streams one contiguous region: hardware prefetchers run across
-    matrix boundaries, and one allocation of hundreds of MB gets huge pages where the OS gives
-    them (many small ones would not). Each slot starts on a 64-byte line. The bytes are the
-    container's own (a copy, not a decoding). Matrices that do not fit (none, when ``size``
-    counts every ternary tensor) get a copy of their own.
-    """
-
-    ALIGN = 64
-
-    def __init__(self, size: int):
-        self.buf = None
-        if size:
-            buf = np.empty(size + self.ALIGN, np.uint8)
-            skip = -buf.ctypes.data % self.ALIGN
-            self.buf = buf[skip: skip + size]
-        self.used = 0
-
-    def copy(self, raw: np.ndarray) -> np.ndarray:
-        n = raw.nbytes
-        if self.buf is None or self.used + n > self.buf.size:
-            return resident_copy(raw)
-        out = self.buf[self.used: self.used + n].reshape(raw.shape)
-        self.used += -(-n // self.ALIGN) * self.ALIGN
-        return resident_copy(raw, out=out)
 
 
 class ThreadPicker:
@@ -160,12 +106,16 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self, model: Model, *, i2s_variant: str = "x86", threads: int | None = None,
-                 kernel: str | None = None, validate: bool = True):
+                 kernel: str | None = None, validate: bool = True, decode: str = "load"):
         load_tbb()  # before numba starts its threads: work stealing (see .threadpool)
         import numba
 
+        if decode not in DECODE_MODES:
+            raise RequestError(f"decode must be {' or '.join(DECODE_MODES)}, got "
+                               f"{decode!r:.20}")
         super().__init__(model, dtype=np.float32, i2s_variant=i2s_variant)
         self.validate = validate
+        self.decode = decode
         self._set_threads = numba.set_num_threads
         limit = numba.config.NUMBA_NUM_THREADS
         self.threads = max(1, min(int(threads), limit)) if threads else limit
@@ -184,10 +134,11 @@ class CpuBackend(Backend):
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         self._blas = ThreadpoolController()
-        self._arena = WeightArena(sum(-(-e.nbytes // WeightArena.ALIGN) * WeightArena.ALIGN
-                                      for e in model.entries if e.encoding in ROW_FORMATS))
+        self._arena = WeightArena(sum(-(-n // WeightArena.ALIGN) * WeightArena.ALIGN
+                                      for n in self._arena_bytes()))
         et = self.embed_type
-        if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) and file_mapping(
+                self._embed_raw) is not None:  # (a coded head was decoded into memory already)
             self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
         self._lut = None
         if et == GGMLType.F32:
@@ -198,9 +149,35 @@ class CpuBackend(Backend):
         else:
             self._E = None  # plain_array raises a clear error in lm_head
 
+    def _arena_bytes(self) -> list[int]:
+        """What each ternary matrix takes in the arena: its container bytes, or for rans
+        decoded at load its stfma rows."""
+        out = []
+        for e in self.model.entries:
+            if e.encoding in ROW_FORMATS:
+                out.append(e.nbytes)
+            elif e.encoding == "rans" and self.decode == "load":
+                out.append(e.shape[0] * RR.stfma_row_bytes(e.shape[1]))
+        return out
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes a decode step reads: every ternary matrix as this backend holds it (rans
+        decoded at load: its stfma rows), the LM head as f16/bf16/f32 (a coded head is
+        decoded at load), the norms."""
+        total = 0
+        for e in self.model.entries:
+            if e.encoding == "rans" and self.decode == "load":
+                total += e.shape[0] * RR.stfma_row_bytes(e.shape[1])
+            else:
+                total += e.plain_nbytes if not e.ternary else e.nbytes
+        return total
+
     # -- weights ------------------------------------------------------------------------------
     def weight(self, name: str) -> CpuWeight | KR.RansWeight:
         if self.model.entry(name).encoding == "rans":
+            if self.decode == "load":
+                return self._decoded_rans(name)
             return self._rans_weight(name)
         src = ternary_source(self.model, name, self.i2s_variant)
         if src is None or src.row_bytes is None:
@@ -228,6 +205,17 @@ class CpuBackend(Backend):
             if not np.isfinite(scale):
                 raise InvalidScaleError(f"scale is {scale}", path=self.model.path, tensor=name)
         return KR.rans_weight(self.model.plain(name)[1], rows, cols, scale, name, self._colsets)
+
+    def _decoded_rans(self, name: str) -> CpuWeight:
+        """A rans matrix decoded once into stfma rows in the arena (``decode="load"``,
+        :func:`.rans_rows.decode_matrix`: every check, the CRC-32 when validating)."""
+        rows, cols = self.model.entry(name).shape
+        data, scale = RR.decode_matrix(self.model, name,
+                                       self._arena.take((rows, RR.stfma_row_bytes(cols))),
+                                       validate=self.validate, colsets=self._colsets)
+        data.setflags(write=False)
+        return CpuWeight("stfma", rows, cols, data, np.full(rows, scale, np.float32), "plain",
+                         K.KIND_LOW)
 
     def _repacked_weight(self, name: str, src: TernarySource | None) -> CpuWeight:
         """Matrices without row-readable bytes (module docstring), decoded once and repacked.

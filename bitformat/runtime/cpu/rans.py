@@ -1,4 +1,5 @@
-"""``rans`` matrices on the cpu backend: the streams are decoded inside the mat-vec.
+"""``rans`` matrices on the cpu backend decoded inside the mat-vec (``decode="fused"``; the
+default, ``decode="load"``, decodes them once into stfma rows: :mod:`.rans_rows`).
 
 A rans tensor (docs/formats/rans.md) stays what the container holds: its u32 words, memory-
 mapped. :func:`rans_weight` parses the header once into small index arrays (stream offsets,
@@ -43,9 +44,7 @@ from numba.extending import intrinsic
 from ...codecs import rans_tables as rt
 from ...codecs.rans_kernels import _init_state
 from ...codecs.rans_streams import RansTables
-from ...errors import FormatError
 from ...formats import rans as R
-from ...formats.rans_layout import Geometry
 
 _U = np.uint64
 _MASK = _U((1 << 24) - 1)
@@ -90,69 +89,39 @@ class RansWeight:
 
 def decode_tables(tables: RansTables) -> np.ndarray:
     """uint32 [T, 4096]: ``sym | f_u << 8 | (slot - cdf_u) << 20`` for every slot."""
-    sym = tables.luts.astype(np.int64)
-    fu = np.take_along_axis(tables.freqs.astype(np.int64), sym, axis=1) >> rt.UNIT_SHIFT
-    cu = np.take_along_axis(tables.cdfs.astype(np.int64), sym, axis=1) >> rt.UNIT_SHIFT
-    off = np.arange(rt.UNITS)[None, :] - cu
-    return (sym | fu << 8 | off << 20).astype(np.uint32)
+    units = tables.units.astype(np.int64)
+    cdf = np.cumsum(units, axis=1) - units
+    slots = np.arange(rt.UNITS, dtype=np.int64)
+    out = np.empty((units.shape[0], rt.UNITS), np.uint32)
+    for t in range(units.shape[0]):
+        sym = np.repeat(np.arange(units.shape[1], dtype=np.int64), units[t])
+        out[t] = sym | units[t][sym] << 8 | (slots - cdf[t][sym]) << 20
+    return out
 
 
 def rans_weight(raw: np.ndarray, rows: int, cols: int, scale: float, name: str,
-                colsets: dict[bytes, int]) -> RansWeight:
+                colsets: dict[bytes, int], *, check_crc: bool = False,
+                path: str | None = None) -> RansWeight:
     """Parse a rans tensor's bytes into kernel arrays (no stream is decoded).
 
-    The checks here are the ones the kernels' indexing relies on (the format's reader checks
-    the rest, and decodes every stream, when the backend validates at load). ``colsets``
-    numbers the distinct live-column sets (shared by the matrices of one backend).
+    Every field is checked by the format's parser (:func:`bitformat.formats.rans.parse`; the
+    CRC-32 only with ``check_crc``); the streams' contents are checked by whoever decodes
+    them. ``colsets`` numbers the distinct live-column sets (shared by the matrices of one
+    backend).
     """
+    p = R.parse(raw, rows, cols, scale=scale, path=path, name=name, check_crc=check_crc)
     if raw.ctypes.data % 4:
         raw = raw.copy()
-    data = raw.view("<u4")
-
-    def bad(msg: str) -> FormatError:
-        return FormatError(f"rans: {msg}", tensor=name)
-
-    if data.size < R.HEADER_WORDS:
-        raise bad("shorter than its header")
-    h = [int(v) for v in data[:R.HEADER_WORDS]]
-    _, _, vg, hrows, hcols, n_live, n_cols, n_tab, k, p, n_streams, n_words = h
-    group = (vg >> 8) & 0xFF
-    if (vg & 0xFF != R.VERSION or group not in R.GROUPS or (hrows, hcols) != (rows, cols)
-            or not 1 <= n_tab <= R.MAX_TABLES):
-        raise bad(f"header does not describe a {rows}x{cols} matrix of a known version")
-    sizes = R.section_words(rows, cols, min(n_live, rows), n_tab, n_streams, n_words)
-    if data.size != sum(sizes.values()):
-        raise bad("its size does not match its header")
-    at, pos = {}, 0
-    for key, size in sizes.items():
-        at[key] = data[pos:pos + size]
-        pos += size
-    live_r = np.unpackbits(at["dead_rows"].view(np.uint8), bitorder="little")[:rows] == 0
-    live_c = np.unpackbits(at["dead_cols"].view(np.uint8), bitorder="little")[:cols] == 0
-    geom = Geometry(n_live, n_cols, max(k, 1), max(p, 1))
-    if (int(live_r.sum()), int(live_c.sum())) != (n_live, n_cols) or (
-            geom.n_streams != n_streams) or k < 1 or p < 1 or (n_live > 0) != (n_cols > 0):
-        raise bad("live rows/columns, maps and stream geometry disagree")
-    units = np.stack([at["tables"][0::2] & 0xFFFF, at["tables"][0::2] >> 16,
-                      at["tables"][1::2]], axis=1).astype(np.int64)
-    if np.any(units.min(axis=1) < 1) or np.any(units.sum(axis=1) != rt.UNITS):
-        raise bad("a frequency table is not three units >= 1 summing to 4096")
-    cls = (R._unpack(at["classes"], 4)[:n_live] if n_tab > 1
-           else np.zeros(n_live, np.int64)).astype(np.uint8)
-    counts = R._unpack(at["counts"], 16)[:n_streams].astype(np.int64)
-    if (n_live and int(cls.max()) >= n_tab) or int(counts.sum()) != n_words:
-        raise bad("a row class or the stream word counts are out of range")
-    word_off = np.full(n_streams + 1, pos - n_words, np.int64)  # the stream section's start
-    word_off[1:] += np.cumsum(counts)
-    lcols = np.flatnonzero(live_c).astype(np.int64) if n_cols < cols else np.zeros(0, np.int64)
+    data = raw.reshape(-1).view("<u4")
+    geom, group = p.geometry, p.group
+    n_cols = geom.live_cols
+    lcols = p.live_cols if n_cols < cols else np.zeros(0, np.int64)
     colset = colsets.setdefault(lcols.tobytes(), len(colsets))
-    cuts = geom.cuts() if n_live else np.zeros(2, np.int64)
-    return RansWeight(rows, cols, data, word_off,
-                      np.flatnonzero(live_r).astype(np.int32), lcols, n_cols, colset,
-                      geom.rows_per_stream,
-                      geom.pieces, -(-cuts // group), group, cls,
-                      decode_tables(RansTables.from_stored(R.GROUPS[group], units)),
-                      np.float32(scale))
+    cuts = geom.cuts() if geom.live_rows else np.zeros(2, np.int64)
+    return RansWeight(rows, cols, data, p.word_off + p.stream_start,
+                      p.live_rows.astype(np.int32), lcols, n_cols, colset,
+                      max(geom.rows_per_stream, 1), max(geom.pieces, 1), -(-cuts // group),
+                      group, p.classes, decode_tables(p.tables), np.float32(scale))
 
 
 # -- activations --------------------------------------------------------------------------------

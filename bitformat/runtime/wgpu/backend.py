@@ -7,6 +7,11 @@ int8 per token (the :func:`activation_block` layout, built on the GPU by
 ``kernels/norm_quant.wgsl``), sums of ``code * q`` are integers, and ``y = acc / s * scale``
 (per 256-block ``d`` for tq formats), the same float operations as the numpy backend.
 
+rans matrices are decoded once on the host at load into stfma rows by default
+(``decode="load"``: on lavapipe the 2-bit kernels ran a 2B-4T token 4-5x faster than the
+fused rANS kernels); ``decode="fused"`` uploads the stream words and decodes them in the
+kernels on every token. A coded LM head (``rans_float``) is decoded into f16 before upload.
+
 Two ways to run a model:
 
 * :class:`WgpuBackend` implements the :class:`~.backend.Backend` protocol (``bitlinear``,
@@ -307,8 +312,12 @@ class WgpuBackend(Backend):
     def __init__(self, model: Model, *, i2s_variant: str = "x86", validate: bool = True,
                  device: GpuDevice | None = None, lanes: int | None = None,
                  max_binding: int | None = None, x_space: str | None = None,
-                 context: int | None = None):
+                 context: int | None = None, decode: str = "load"):
+        if decode not in ("load", "fused"):
+            raise UnsupportedConversionError(f"decode must be load or fused, got "
+                                             f"{decode!r:.20}")
         super().__init__(model, dtype=np.float32, i2s_variant=i2s_variant)
+        self.decode = decode
         self.dev = device or GpuDevice(lanes=lanes, max_binding=max_binding, x_space=x_space)
         self.validate, self.context = validate, context
         self.embedding = GpuEmbedding(self.dev, model)
@@ -319,12 +328,22 @@ class WgpuBackend(Backend):
         self._logits: Any = None
         self._cache: dict[tuple, Any] = {}
 
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes a step reads: rans decoded at load as stfma rows, a coded head as f16."""
+        from ..cpu.rans_rows import stfma_row_bytes
+
+        return sum(e.shape[0] * stfma_row_bytes(e.shape[1])
+                   if e.encoding == "rans" and self.decode == "load" else e.plain_nbytes
+                   for e in self.model.entries)
+
     # -- weights --------------------------------------------------------------------------------
     def row_matrix(self, name: str) -> RowMatrix | None:
-        """The row-format view of ``name`` (None for rans); odd layouts become stfma words."""
+        """The row-format view of ``name``; odd layouts become stfma words, and so do rans
+        matrices decoded at load (None for rans decoded in the kernels, ``decode="fused"``)."""
         e = self.model.entry(name)
         if e.encoding == "rans":
-            return None
+            return self._decoded_rans(name) if self.decode == "load" else None
         src = ternary_source(self.model, name, self.i2s_variant)
         if src is not None and src.row_bytes is not None:
             if self.validate:
@@ -341,6 +360,16 @@ class WgpuBackend(Backend):
         words = fmt.encode(t).view(np.uint8).reshape(t.rows, -1)
         return RowMatrix(name, "stfma", t.rows, t.cols, words, float(t.scales[0]))
 
+    def _decoded_rans(self, name: str) -> RowMatrix:
+        """The rANS streams decoded once on the host into stfma rows (the cpu backend's
+        checked decoder; the CRC-32 when validating). On lavapipe the 2-bit kernels ran a
+        token 4-5x faster than the fused rANS kernels (docs/gpu.md)."""
+        from ..cpu.rans_rows import decode_matrix
+
+        rows, cols = self.model.entry(name).shape
+        data, scale = decode_matrix(self.model, name, validate=self.validate)
+        return RowMatrix(name, "stfma", rows, cols, data, float(scale))
+
     def _check_width(self, cols: int, name: str) -> None:
         if -(-cols // 256) * 256 > MAX_WIDTH:
             raise UnsupportedConversionError(f"{cols} columns exceed the {MAX_WIDTH} the "
@@ -352,7 +381,7 @@ class WgpuBackend(Backend):
         if key not in self._cache:
             e = self.model.entry(name)
             self._check_width(e.shape[1], name)
-            if e.encoding == "rans":
+            if e.encoding == "rans" and self.decode == "fused":
                 _, raw = self.model.plain(name)
                 scale = self.model.get(f"bitformat.tensor.{name}.scale")
                 if not isinstance(scale, float):
@@ -366,7 +395,8 @@ class WgpuBackend(Backend):
 
     def pair(self, gate: str, up: str) -> GpuMatrix | None:
         """gate and up fused into one upload for ``MODE 2`` (None if their kernels differ)."""
-        if any(self.model.entry(n).encoding == "rans" for n in (gate, up)):
+        if self.decode == "fused" and any(self.model.entry(n).encoding == "rans"
+                                          for n in (gate, up)):
             return None
         a, b = self.row_matrix(gate), self.row_matrix(up)
         if (a.encoding, a.rows, a.cols, a.constants) != (b.encoding, b.rows, b.cols,
