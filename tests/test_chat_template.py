@@ -128,3 +128,21 @@ def test_tokenizer_apply_chat_template_matches(hf_pair, name):
         assert text == hf.apply_chat_template(messages, tokenize=False,
                                               add_generation_prompt=True)
         assert tok.encode(text, add_bos=False) == hf(text, add_special_tokens=False)["input_ids"]
+
+
+def test_server_renders_with_the_same_code(hf_pair):
+    """/v1/chat/completions renders through Tokenizer.apply_chat_template, so a conversation
+    the template refuses is a RequestError (the server's 400) with the template's words."""
+    from bitformat.serve.protocol import parse_chat
+
+    tok, hf = hf_pair["qwen2.5"]
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    params = parse_chat({"messages": msgs}, tok)
+    text = hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert params.prompt == hf(text, add_special_tokens=False)["input_ids"]
+    tok.chat_template = TEMPLATES["llama2"]
+    try:
+        with pytest.raises(RequestError, match="roles must alternate"):
+            parse_chat({"messages": [msgs[1], msgs[1]]}, tok)
+    finally:
+        tok.chat_template = TEMPLATES["qwen2.5"]
