@@ -146,3 +146,11 @@ def test_server_renders_with_the_same_code(hf_pair):
             parse_chat({"messages": [msgs[1], msgs[1]]}, tok)
     finally:
         tok.chat_template = TEMPLATES["qwen2.5"]
+
+
+def test_module_examples():
+    import doctest
+
+    import bitformat.chat_template
+
+    assert doctest.testmod(bitformat.chat_template).failed == 0
