@@ -19,6 +19,7 @@ from ..container import open_model
 from ..errors import MetadataError, RequestError
 from ..modelfile import Model
 from .backend import Backend
+from .exact_head import HEAD_MODES, Head
 from .generate import (
     GenerationResponse,
     GenerationResult,
@@ -40,7 +41,7 @@ class LoadedModel:
     """
 
     def __init__(self, container: Model, backend: Backend, args: ModelArgs, tokenizer: Any, *,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, head: str = "screened"):
         self.container_model = container
         self.backend = backend
         self.args = args
@@ -48,8 +49,11 @@ class LoadedModel:
             from .wgpu.network import WgpuBitNet
 
             self.net = WgpuBitNet(args, backend, progress=progress)
+            # the device runs the full head (a screened one is not built for wgpu yet)
+            self.head = Head(backend, head)
         else:
-            self.net = BitNet(args, backend, progress=progress)
+            self.net = BitNet(args, backend, progress=progress, head=head)
+            self.head = self.net.head
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once: in
@@ -72,8 +76,10 @@ class LoadedModel:
 
     def stream_generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
                         chat: bool = False, **sampling) -> Iterator[GenerationResponse]:
-        """Yield :class:`GenerationResponse` pieces; see :func:`.generate.stream_generate`."""
+        """Yield :class:`GenerationResponse` pieces; see :func:`.generate.stream_generate`.
+        ``head_stats()`` then describes what the head read over this generation."""
         ids = self.encode(prompt, chat=chat)
+        self.head.reset_stats()
         for r in stream_generate(self.net, self.tokenizer, ids, max_new_tokens=max_new_tokens,
                                  weight_bytes=self.weight_bytes_per_token, **sampling):
             self.last_stats = r.stats
@@ -83,6 +89,22 @@ class LoadedModel:
                  ) -> GenerationResult:
         """The whole answer: text, token ids, finish reason and stats."""
         return collect(self.stream_generate(prompt, max_new_tokens, **kwargs))
+
+    def head_stats(self) -> dict[str, Any]:
+        """The head mode and what it did since the last generation started: candidates
+        rescored per step (mean, max), fallbacks to the full head (reason -> rows), and the
+        bytes a decode step read (``bytes_read_per_token``: the ternary matrices, norms, the
+        head's screen and candidate rows, and the last step's KV cache)."""
+        d = self.head.stats.as_dict()
+        if self.backend.name == "wgpu":  # every step runs the device's full head
+            d["head"] = "full"
+            if self.head.mode == "screened":
+                d["head_fallbacks"] = {self.head.unavailable: self.last_stats.generated_tokens}
+            d["head_bytes_per_step"] = self.head.full_bytes
+        rest = self.weight_bytes_per_token - self.head.full_bytes
+        d["bytes_read_per_token"] = int(rest + d["head_bytes_per_step"]
+                                        + self.last_stats.kv_bytes_last_token)
+        return d
 
     def warmup(self) -> float:
         """Run every kind of step once on a throw-away cache and return the seconds it took.
@@ -123,8 +145,8 @@ class LoadedModel:
 
 def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32",
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
-         decode: str = "load", progress: Callable[[int, int], None] | None = None
-         ) -> LoadedModel:
+         decode: str = "load", progress: Callable[[int, int], None] | None = None,
+         head: str = "screened") -> LoadedModel:
     """Open a BitNet container (any format, or an HF folder) on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
@@ -135,10 +157,15 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     ``decode`` (rans containers, cpu and wgpu): "load" decodes the rANS streams once at load
     into 2-bit rows that the fastest kernels read; "fused" decodes them inside every mat-vec
     (fewer bytes held and read, several times slower). A coded LM head is decoded into f16
-    at load either way. ``LoadedModel.load_seconds`` says how long loading took.
+    at load either way. ``head``: "screened" (the default: the full head's exact tokens from
+    an int8 screen of the head and the rows it cannot rule out, docs/exact-head.md) or "full"
+    (every logit, every step); the wgpu backend runs the full head either way.
+    ``LoadedModel.load_seconds`` says how long loading took.
     ``progress(layer, n_layers)`` is called as each layer's weights are ready (loading the
     2B-4T model takes seconds). Kernels compile on first use: :meth:`LoadedModel.warmup`.
     """
+    if head not in HEAD_MODES:
+        raise RequestError(f"head must be {' or '.join(HEAD_MODES)}, got {head!r:.20}")
     if decode not in ("load", "fused"):
         raise RequestError(f"decode must be load or fused, got {decode!r:.20}")
     t0 = time.perf_counter()
@@ -173,7 +200,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
             from ..tokenizer import Tokenizer
 
             tokenizer = Tokenizer(container.metadata)
-        loaded = LoadedModel(container, be, args, tokenizer, progress=progress)
+        loaded = LoadedModel(container, be, args, tokenizer, progress=progress, head=head)
         loaded.load_seconds = time.perf_counter() - t0
         return loaded
     except BaseException:

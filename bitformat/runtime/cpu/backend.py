@@ -28,6 +28,7 @@ from ...errors import InvalidScaleError, MetadataError, RequestError
 from ...formats import get_format
 from ...mapping import file_mapping
 from ...modelfile import Model
+from .. import exact_head as EH
 from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
 from . import batch as B
 from . import head as H
@@ -35,6 +36,7 @@ from . import kernels as K
 from . import ops
 from . import rans as KR
 from . import rans_rows as RR
+from . import screen as S
 from .arena import WeightArena, resident_copy
 from .threadpool import load_tbb
 
@@ -141,6 +143,7 @@ class CpuBackend(Backend):
                 self._embed_raw) is not None:  # (a coded head was decoded into memory already)
             self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
         self._lut = None
+        self._screen: EH.ScreenTables | None = None
         if et == GGMLType.F32:
             self._E = self._embed_raw.view("<f4")
         elif et in (GGMLType.F16, GGMLType.BF16):
@@ -390,15 +393,74 @@ class CpuBackend(Backend):
             return h @ self.vector("token_embd.weight").T
         x = np.ascontiguousarray(h, dtype=np.float32)
         out = np.empty((x.shape[0], self.vocab), dtype=np.float32)
-        n = self._E.nbytes
-        if self.embed_type == GGMLType.F32:
-            self._call(H.lm_head_f32, n, self._E, x, out)
-        elif self._head_tokens is not None:  # f16, bf16: the same sums for 1 row or many
-            self._call(self._head_tokens, n, self._E, x, self.embed_type == GGMLType.BF16, out)
-        elif self._lut is not None:
-            self._call(H.lm_head_lut, n, self._E, self._lut, x, out)
-        elif self.embed_type == GGMLType.F16:
-            self._call(H.lm_head_f16, n, self._E, x, out)
-        else:
-            self._call(H.lm_head_bf16, n, self._E, x, out)
+        self._head_into(self._E, x, out, self._E.nbytes)
         return out
+
+    def _head_into(self, E: np.ndarray, x: np.ndarray, out: np.ndarray, nbytes: int) -> None:
+        """``out = x @ E.T`` by the head kernel of this model and build: every row's sum in the
+        kernel's own order, whichever rows ``E`` holds (the screened head's rescoring)."""
+        if self.embed_type == GGMLType.F32:
+            self._call(H.lm_head_f32, nbytes, E, x, out)
+        elif self._head_tokens is not None:  # f16, bf16: the same sums for 1 row or many
+            self._call(self._head_tokens, nbytes, E, x, self.embed_type == GGMLType.BF16, out)
+        elif self._lut is not None:
+            self._call(H.lm_head_lut, nbytes, E, self._lut, x, out)
+        elif self.embed_type == GGMLType.F16:
+            self._call(H.lm_head_f16, nbytes, E, x, out)
+        else:
+            self._call(H.lm_head_bf16, nbytes, E, x, out)
+
+    # -- the screened head (exact_head.py) --------------------------------------------------------
+    @property
+    def head_itemsize(self) -> int:
+        return self._E.itemsize if self._E is not None else 4
+
+    def head_depth(self) -> int:
+        """Roundings a product passes through in this build's head kernel: the vnni kernel
+        (:func:`.batch.lm_head_tokens`) runs one FMA chain of dim / 16 per lane, a 4-level
+        tree, then the dim % 16 tail; the others are reassociated by LLVM (fastmath), so any
+        tree of dim products: at most dim + 1."""
+        h = self.dim
+        if self._head_tokens is not None and self.embed_type != GGMLType.F32:
+            return h // 16 + 4 + 2 * (h % 16)
+        return h + 2
+
+    def screen_tables(self) -> EH.ScreenTables | None:
+        """The int8 copy of the head and its bound terms (made once, on first use)."""
+        if self._E is None:
+            return None
+        if self._screen is None:
+            E = self._E
+            V = E.shape[0]
+            codes = np.empty((V, EH.padded(self.dim)), np.uint8)
+            scale, dn, qn, en = (np.empty(V) for _ in range(4))
+            bad = np.empty(V, np.uint8)
+            if E.dtype == np.uint16:
+                lut = self._lut if self._lut is not None else H.lut16(self.embed_type.name)
+                S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad)
+            else:
+                S.quantize_f32(E, codes, scale, dn, qn, en, bad)
+            self._screen = EH.ScreenTables.build(codes, scale, dn, qn, en, bad, self.dim,
+                                                 self.head_depth(), 2.0 ** -24)
+        return self._screen
+
+    def head_bounds(self, t: EH.ScreenTables, xq: np.ndarray, par: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        lo = np.empty((xq.shape[0], t.codes.shape[0]))
+        hi = np.empty_like(lo)
+        kernel = S.screen_vnni if self.kernel == "vnni" else S.screen_portable
+        self._call(kernel, t.codes.nbytes, t.codes, xq, t.scale, t.A, t.N, par, lo, hi)
+        return lo, hi
+
+    def head_rows(self, h: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The head kernel's logits of rows ``ids`` only: those rows gathered, then the same
+        kernel (the same bits as :meth:`lm_head`)."""
+        E = self._E[ids]
+        x = np.ascontiguousarray(h, dtype=np.float32)
+        out = np.empty((x.shape[0], len(ids)), dtype=np.float32)
+        # thread pickers are kept per size: round it to a power of two
+        self._head_into(E, x, out, 1 << max(E.nbytes, 1).bit_length())
+        return out
+
+    def head_rows_bytes(self, ids: np.ndarray) -> int:
+        return len(ids) * self.dim * self.head_itemsize
