@@ -263,11 +263,15 @@ def _parse_ids(text: str | None) -> list[int] | None:
 @click.option("--decode", type=click.Choice(["load", "fused"]), default="load",
               show_default=True, help="rans files: decode the streams once at load into 2-bit "
               "rows (fast), or inside every mat-vec (fused: less memory, slower).")
+@click.option("--head", type=click.Choice(["screened", "full"]), default="screened",
+              show_default=True, help="LM head: screened reads an int8 copy of the head and "
+              "recomputes only the rows it cannot rule out (the same tokens as full, proven in "
+              "docs/exact-head.md); full computes every logit.")
 @_friendly_errors
 def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int, backend: str,
         chat: bool, temperature: float, top_k: int, top_p: float, repetition_penalty: float,
         seed: int | None, threads: int | None, show_special: bool, as_json: bool,
-        i2s_layout: str, decode: str) -> None:
+        i2s_layout: str, decode: str, head: str) -> None:
     """Generate text from FILE (any container or HF folder), streaming as it goes.
 
     The first run on a machine compiles the cpu kernels (about 20 s, said on stderr, kept out
@@ -277,7 +281,7 @@ def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int,
     ids = _parse_ids(prompt_ids)
     if (prompt is None) == (ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
-    with ready_model(file, backend, i2s_layout, threads, decode) as model:
+    with ready_model(file, backend, i2s_layout, threads, decode, head) as model:
         tokens: list[int] = []
         pieces: list[str] = []
         finish = None
@@ -292,6 +296,7 @@ def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int,
             if not as_json:
                 click.echo(r.text, nl=False)
         stats = model.last_stats
+        hs = model.head_stats()
     if as_json:
         click.echo(json.dumps({
             "tokens": tokens, "text": "".join(pieces), "finish_reason": finish,
@@ -301,16 +306,21 @@ def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int,
             "prompt_tokens": stats.prompt_tokens, "prompt_tokens_per_s": stats.prompt_tps,
             "generated_tokens": stats.generated_tokens,
             "generation_tokens_per_s": stats.generation_tps,
-            "bytes_read_per_token": stats.weight_bytes_per_token + stats.kv_bytes_last_token,
+            "head": hs["head"],
+            "candidates_per_step_mean": hs["candidates_per_step_mean"],
+            "candidates_per_step_max": hs["candidates_per_step_max"],
+            "head_fallbacks": hs["head_fallbacks"],
+            "head_bytes_per_token": hs["head_bytes_per_step"],
+            "bytes_read_per_token": hs["bytes_read_per_token"],
         }))
         return
     click.echo()
     click.echo(f"[{model.container} on {backend}] loaded in {model.load_seconds:.2f} s, "
                f"prompt {stats.prompt_tokens} tokens at "
                f"{stats.prompt_tps:.1f} tok/s, generated {stats.generated_tokens} at "
-               f"{stats.generation_tps:.1f} tok/s, {stats.weight_bytes_per_token / 1e6:.2f} MB "
-               f"of weights + {stats.kv_bytes_last_token / 1e6:.3f} MB of KV cache read per "
-               "token", err=True)
+               f"{stats.generation_tps:.1f} tok/s, {hs['bytes_read_per_token'] / 1e6:.2f} MB "
+               f"read per token (KV cache {stats.kv_bytes_last_token / 1e6:.3f} MB, {hs['head']} "
+               f"head {hs['head_bytes_per_step'] / 1e6:.2f} MB)", err=True)
 
 
 @main.command()
