@@ -11,7 +11,7 @@ A GGUF file carries its tokenizer as metadata::
     tokenizer.ggml.eos_token_id      u32
     tokenizer.ggml.padding_token_id  u32
     tokenizer.ggml.add_bos_token     bool
-    tokenizer.chat_template          string    a Jinja template (rendered here in pure Python)
+    tokenizer.chat_template          string    a Jinja template (see :mod:`.chat_template`)
 
 :class:`Tokenizer` runs such a tokenizer with the ``tokenizers`` package; :func:`to_hf_files`
 and :func:`from_hf_files` convert it to and from a Hugging Face tokenizer folder. Every token
@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .chat_template import BITNET_CHAT_TEMPLATE, render_chat
 from .constants import ValueType
 from .errors import MetadataError, UnsupportedConversionError
 from .gguf_io import MetaValue
@@ -44,14 +45,6 @@ from .gguf_io import MetaValue
 #: The pre-tokenizer regex of Llama 3 (``tokenizer.json``; llama.cpp's ``llama-bpe``).
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-#: ``chat_template`` of microsoft/bitnet-b1.58-2B-4T (tokenizer_config.json).
-BITNET_CHAT_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = message['role'] | capitalize + ': '+ message['content'] | trim + "
-    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
-    "{% endif %}{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}")
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4  # llama.cpp's llama_token_type
 
@@ -326,33 +319,9 @@ class Tokenizer:
         """The conversation as prompt text, rendered from the file's chat template."""
         return render_chat(self.chat_template, messages, add_generation_prompt,
                            bos_token=self.data.tokens[self.data.bos_id],
-                           eos_token=self.data.tokens[self.data.eos_id])
-
-
-def render_chat(template: str, messages: list[dict], add_generation_prompt: bool = True, *,
-                bos_token: str = BOS, eos_token: str = EOS) -> str:
-    """Render a chat template without Jinja for the BitNet templates.
-
-    The BitNet 2B-4T template (with or without its leading bos) is rendered in plain Python:
-    ``bos + "Role: content<|eot_id|>"`` per message (role capitalised, content stripped, as
-    Jinja's ``capitalize`` and ``trim`` do), then ``"Assistant: "``. Any other template needs
-    the ``jinja2`` package.
-    """
-    no_bos = BITNET_CHAT_TEMPLATE.replace(
-        "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}", "")
-    if template in (BITNET_CHAT_TEMPLATE, no_bos):
-        parts = [f"{m['role'].capitalize()}: {m['content'].strip()}{EOT}" for m in messages]
-        if parts and template == BITNET_CHAT_TEMPLATE:
-            parts[0] = bos_token + parts[0]
-        return "".join(parts) + ("Assistant: " if add_generation_prompt else "")
-    try:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise UnsupportedConversionError("this chat template needs the jinja2 package") from None
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template).render(messages=messages, bos_token=bos_token,
-                                            eos_token=eos_token,
-                                            add_generation_prompt=add_generation_prompt)
+                           eos_token=self.data.tokens[self.data.eos_id],
+                           pad_token=None if self.data.pad_id is None else
+                           self.data.tokens[self.data.pad_id])
 
 
 # -- Hugging Face files -----------------------------------------------------------------------

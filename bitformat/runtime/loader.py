@@ -64,22 +64,28 @@ class LoadedModel:
         self.load_seconds = 0.0
         self.last_stats = GenerationStats(weight_bytes_per_token=self.weight_bytes_per_token)
 
-    def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:
-        """Token ids of a prompt (``chat``: as one user turn of the chat template)."""
+    def encode(self, prompt: str | Sequence[int], *, chat: bool = False,
+               system: str | None = None) -> list[int]:
+        """Token ids of a prompt (``chat``: as one user turn of the chat template, after the
+        ``system`` prompt if given)."""
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer: pass token ids")
         if chat:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            head = [{"role": "system", "content": system}] if system else []
+            text = self.tokenizer.apply_chat_template(
+                head + [{"role": "user", "content": prompt}])
             return self.tokenizer.encode(text, add_bos=False)
         return self.tokenizer.encode(prompt)
 
     def stream_generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
-                        chat: bool = False, **sampling) -> Iterator[GenerationResponse]:
+                        chat: bool = False, system: str | None = None, **sampling
+                        ) -> Iterator[GenerationResponse]:
         """Yield :class:`GenerationResponse` pieces; see :func:`.generate.stream_generate`.
+        ``chat``/``system``: wrap the prompt in the chat template (:meth:`encode`).
         ``head_stats()`` then describes what the head read over this generation."""
-        ids = self.encode(prompt, chat=chat)
+        ids = self.encode(prompt, chat=chat, system=system)
         self.head.reset_stats()
         for r in stream_generate(self.net, self.tokenizer, ids, max_new_tokens=max_new_tokens,
                                  weight_bytes=self.weight_bytes_per_token, **sampling):
