@@ -164,6 +164,8 @@ def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: 
                f"{report.ternary_weights:,} ternary weights)")
     if report.quantized:
         click.echo(quantized_line(report.quantized))
+    for line in report.warnings:
+        click.echo(f"warning: {line}", err=True)
     for name, loss in report.scale_changes.items():
         click.echo(f"  scale of {name} rounded: relative change up to {loss:.3g}")
 

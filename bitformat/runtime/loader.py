@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..container import open_model
-from ..errors import MetadataError, RequestError
+from ..errors import RequestError
 from ..modelfile import Model
+from ..validate import model_args, validate_model
 from .backend import Backend
 from .generate import (
     GenerationResponse,
@@ -148,12 +149,10 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         raise RequestError(f"the {backend} backend does not run in {dtype}")
     container = open_model(path, i2s_variant=i2s_variant)
     try:
-        meta = {k: v.plain() for k, v in container.metadata.items()}
-        vocab = container.entry("token_embd.weight").shape[0]
-        args = ModelArgs.from_metadata(meta, vocab_size=vocab)
-        if args.vocab_size != vocab:
-            raise MetadataError(f"vocab_size {args.vocab_size} but token_embd has {vocab} rows",
-                                path=str(path))
+        args: ModelArgs = model_args(container)
+        # every tensor the architecture needs, with the shape its config implies, and config
+        # values in range: the kernels below only ever see validated shapes
+        validate_model(container, args, values="error")
         if backend == "cpu":
             from .cpu.backend import CpuBackend
 
