@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -32,8 +35,25 @@ def _friendly_errors(fn):
         previous = _catch_sigterm()
         try:
             return fn(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # usage errors: click prints them
         except BitformatError as exc:
+            _debug_traceback()
             click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except MemoryError:
+            _debug_traceback()
+            click.echo("error: out of memory (the model, or what a request asks for, does not "
+                       "fit this machine's memory)", err=True)
+            sys.exit(1)
+        except RecursionError:
+            _debug_traceback()
+            click.echo("error: an input is nested too deeply to read", err=True)
+            sys.exit(1)
+        except OSError as exc:
+            _debug_traceback()
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             # convert, synth and report (its plot) write their output only once complete
@@ -43,11 +63,41 @@ def _friendly_errors(fn):
         except Terminated:
             click.echo("terminated: no unfinished output was left", err=True)
             sys.exit(143)
+        except Exception as exc:  # a bug: one line, the traceback only when asked for
+            if _debug():
+                raise
+            click.echo(f"error: {INTERNAL} ({type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); run with "
+                       "--debug or BITFORMAT_DEBUG=1 for the traceback", err=True)
+            sys.exit(1)
         finally:
             if previous is not False:
                 signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
 
     return wrapper
+
+
+#: what an error bitformat did not foresee says (the fuzz test counts these as failures)
+INTERNAL = "internal error"
+
+
+def _debug() -> bool:
+    if os.environ.get("BITFORMAT_DEBUG", "") not in ("", "0"):
+        return True
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.find_root().params.get("debug"))
+
+
+def _debug_traceback() -> None:
+    if _debug():
+        traceback.print_exc()
+
+
+def _finite(ctx, param, value):
+    """A float option that must be a finite number (click's FloatRange lets NaN through)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
+    return value
 
 
 def _catch_sigterm():
@@ -95,7 +145,9 @@ def _show(result, render, as_json: bool, plot: Path | None) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bitformat")
-def main() -> None:
+@click.option("--debug", is_flag=True,
+              help="Show the Python traceback of an error (or set BITFORMAT_DEBUG=1).")
+def main(debug: bool) -> None:
     """Lossless containers and converters for ternary (BitNet b1.58) weights."""
 
 
@@ -242,16 +294,16 @@ def _parse_ids(text: str | None) -> list[int] | None:
 @click.argument("file", type=click.Path(exists=True, path_type=Path))
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids (instead of text).")
-@click.option("-n", "--max-tokens", type=int, default=64, show_default=True,
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=64, show_default=True,
               help="Tokens to generate at most.")
 @click.option("--backend", type=click.Choice(["numpy", "cpu", "wgpu"]), default="cpu",
               show_default=True)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
+@click.option("--temperature", type=float, callback=_finite, default=0.0, show_default=True,
               help="0 means greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
+@click.option("--top-p", type=float, callback=_finite, default=1.0, show_default=True)
+@click.option("--repetition-penalty", type=float, callback=_finite, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--threads", type=int, default=None, callback=check_threads,
               help="CPU threads (default: adaptive; at most the cores available).")

@@ -110,6 +110,11 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
                                   tensor=info.name)
             codecs[info.name] = (fmt, rows, cols, scale)
             entries.append(TensorEntry(info.name, (rows, cols), fid, info.nbytes, True))
+        elif any(TENSOR_KEY.format(name=info.name, field=f) in reader.metadata
+                 for f in ("shape", "scale")):  # described as coded, but with no encoding
+            raise MetadataError(f"missing metadata {enc_key} (the tensor has a coded shape or "
+                                "scale, so its words are not a plain tensor)", path=spath,
+                                tensor=info.name)
         elif _is_master(reader, info):  # f32/f16/bf16 BitNet weights, quantized on reading
             masters[info.name] = info.ggml_type.name
             entries.append(TensorEntry(info.name, info.shape, info.ggml_type.name.lower(),

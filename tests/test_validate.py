@@ -203,3 +203,73 @@ def test_a_family_declares_its_tensors():
 
     assert tensor_specs(Args()) == [TensorSpec("token_embd.weight", (10, 8), "embedding")]
     assert "bitnet-b1.58" in FAMILIES and "toy" not in FAMILIES
+
+
+# -- the CLI: every error is one line and a non-zero exit --------------------------------------
+def one_line_error(r) -> str:
+    assert r.exit_code == 1, (r.exit_code, r.output)
+    assert "Traceback" not in r.output and r.output.startswith("error: "), r.output
+    assert r.output.count("\n") == 1, r.output
+    return r.output
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--temperature", "nan"], "nan is not a finite number"),
+    (["--top-p", "inf"], "inf is not a finite number"),
+    (["-n", "-5"], "-5 is not in the range"),
+])
+def test_run_refuses_bad_numbers(tiny_gguf, args, problem):
+    r = CliRunner().invoke(main, ["run", str(tiny_gguf), "--prompt-ids", "1", *args])
+    assert r.exit_code == 2 and problem in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("exc, says", [
+    (MemoryError(), "error: out of memory"),
+    (RecursionError("maximum recursion depth exceeded"), "nested too deeply"),
+    (OSError(28, "No space left on device", "/x/out.gguf"),
+     "error: /x/out.gguf: No space left on device"),
+    (TypeError("bad operand"), "internal error (TypeError: bad operand)"),
+])
+def test_unforeseen_errors_are_one_line(tiny_gguf, monkeypatch, exc, says):
+    import bitformat.container
+
+    def boom(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(bitformat.container, "open_model", boom)
+    monkeypatch.delenv("BITFORMAT_DEBUG", raising=False)
+    r = CliRunner().invoke(main, ["inspect", str(tiny_gguf)])
+    assert says in one_line_error(r)
+    # --debug (or BITFORMAT_DEBUG=1) shows the traceback of what went wrong
+    r = CliRunner().invoke(main, ["--debug", "inspect", str(tiny_gguf)])
+    assert r.exit_code == 1
+    if isinstance(exc, TypeError):
+        assert r.exception is exc  # re-raised: Python prints the traceback
+    else:
+        assert "Traceback" in r.output
+    monkeypatch.setenv("BITFORMAT_DEBUG", "1")
+    r = CliRunner().invoke(main, ["inspect", str(tiny_gguf)])
+    assert r.exit_code == 1 and ("Traceback" in r.output or r.exception is exc)
+
+
+def test_missing_encoding_key_is_refused_not_copied(tiny_containers, tmp_path):
+    """Without its encoding key a stfma tensor's I32 words were copied as a plain tensor."""
+    name = "blk.0.ffn_gate.weight"
+    bad = rewrite(tiny_containers["stfma"], tmp_path / "noenc.gguf",
+                  meta={f"bitformat.tensor.{name}.encoding": None})
+    for cmd in (["inspect", str(bad)], ["convert", str(bad), "--to", "i2_s", "-o",
+                                        str(tmp_path / "o.gguf")]):
+        out = one_line_error(CliRunner().invoke(main, cmd))
+        assert f"bitformat.tensor.{name}.encoding" in out and str(bad) in out
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_merge_of_unknown_tokens_is_a_clean_error(tiny_gguf, tmp_path):
+    with GGUFReader(tiny_gguf) as r:
+        merges = list(r.metadata["tokenizer.ggml.merges"].value)
+    merges[5] = "\u0100nosuchtoken \u0101neither"
+    bad = rewrite(tiny_gguf, tmp_path / "merge.gguf", meta={
+        "tokenizer.ggml.merges": MetaValue(ValueType.ARRAY, merges, ValueType.STRING)})
+    out = one_line_error(CliRunner().invoke(main, ["run", str(bad), "--prompt", "hi", "-n",
+                                                   "1", "--backend", "numpy"]))
+    assert "tokenizer" in out and str(bad) in out

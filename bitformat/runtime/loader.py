@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..container import open_model
-from ..errors import RequestError
+from ..errors import BitformatError, RequestError
 from ..modelfile import Model
 from ..validate import model_args, validate_model
 from .backend import Backend
@@ -171,7 +171,12 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         if "tokenizer.ggml.tokens" in container.metadata:
             from ..tokenizer import Tokenizer
 
-            tokenizer = Tokenizer(container.metadata)
+            try:
+                tokenizer = Tokenizer(container.metadata)
+            except BitformatError as exc:
+                if exc.path is not None:
+                    raise
+                raise type(exc)(exc.problem, path=str(path), tensor=exc.tensor) from None
         loaded = LoadedModel(container, be, args, tokenizer, progress=progress)
         loaded.load_seconds = time.perf_counter() - t0
         return loaded
