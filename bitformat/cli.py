@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -32,8 +35,25 @@ def _friendly_errors(fn):
         previous = _catch_sigterm()
         try:
             return fn(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # usage errors: click prints them
         except BitformatError as exc:
+            _debug_traceback()
             click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except MemoryError:
+            _debug_traceback()
+            click.echo("error: out of memory (the model, or what a request asks for, does not "
+                       "fit this machine's memory)", err=True)
+            sys.exit(1)
+        except RecursionError:
+            _debug_traceback()
+            click.echo("error: an input is nested too deeply to read", err=True)
+            sys.exit(1)
+        except OSError as exc:
+            _debug_traceback()
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             # convert, synth and report (its plot) write their output only once complete
@@ -43,11 +63,41 @@ def _friendly_errors(fn):
         except Terminated:
             click.echo("terminated: no unfinished output was left", err=True)
             sys.exit(143)
+        except Exception as exc:  # a bug: one line, the traceback only when asked for
+            if _debug():
+                raise
+            click.echo(f"error: {INTERNAL} ({type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); run with "
+                       "--debug or BITFORMAT_DEBUG=1 for the traceback", err=True)
+            sys.exit(1)
         finally:
             if previous is not False:
                 signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
 
     return wrapper
+
+
+#: what an error bitformat did not foresee says (the fuzz test counts these as failures)
+INTERNAL = "internal error"
+
+
+def _debug() -> bool:
+    if os.environ.get("BITFORMAT_DEBUG", "") not in ("", "0"):
+        return True
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.find_root().params.get("debug"))
+
+
+def _debug_traceback() -> None:
+    if _debug():
+        traceback.print_exc()
+
+
+def _finite(ctx, param, value):
+    """A float option that must be a finite number (click's FloatRange lets NaN through)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
+    return value
 
 
 def _catch_sigterm():
@@ -95,7 +145,9 @@ def _show(result, render, as_json: bool, plot: Path | None) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bitformat")
-def main() -> None:
+@click.option("--debug", is_flag=True,
+              help="Show the Python traceback of an error (or set BITFORMAT_DEBUG=1).")
+def main(debug: bool) -> None:
     """Lossless containers and converters for ternary (BitNet b1.58) weights."""
 
 
@@ -164,6 +216,8 @@ def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: 
                f"{report.ternary_weights:,} ternary weights)")
     if report.quantized:
         click.echo(quantized_line(report.quantized))
+    for line in report.warnings:
+        click.echo(f"warning: {line}", err=True)
     for name, loss in report.scale_changes.items():
         click.echo(f"  scale of {name} rounded: relative change up to {loss:.3g}")
 
@@ -241,14 +295,15 @@ def _generation_options(fn):
     for decorator in reversed([
         click.option("--backend", type=click.Choice(["numpy", "cpu", "wgpu"]), default="cpu",
                      show_default=True),
-        click.option("--temperature", type=float, default=0.0, show_default=True,
+        click.option("--temperature", type=float, callback=_finite, default=0.0, show_default=True,
                      help="0 means greedy."),
         click.option("--top-k", type=int, default=0, show_default=True, help="0 disables."),
-        click.option("--top-p", type=float, default=1.0, show_default=True),
-        click.option("--min-p", type=float, default=0.0, show_default=True,
+        click.option("--top-p", type=float, callback=_finite, default=1.0, show_default=True),
+        click.option("--min-p", type=float, callback=_finite, default=0.0, show_default=True,
                      help="Drop tokens less likely than this fraction of the likeliest one "
                           "(0 disables)."),
-        click.option("--repetition-penalty", type=float, default=1.0, show_default=True),
+        click.option("--repetition-penalty", type=float, callback=_finite, default=1.0,
+                     show_default=True),
         click.option("--seed", type=int, default=None),
         click.option("--stop", "stop", multiple=True, metavar="TEXT",
                      help="End the answer where this text appears (not shown); repeatable. "
@@ -287,7 +342,7 @@ def _check_context(model, context: int | None) -> None:
 @click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"),
               help="Read the prompt text from this file ('-': standard input).")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids (instead of text).")
-@click.option("-n", "--max-tokens", type=int, default=64, show_default=True,
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=64, show_default=True,
               help="Tokens to generate at most.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--system", help="System prompt (implies --chat).")
@@ -362,7 +417,7 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
 @main.command()
 @click.argument("file", type=click.Path(exists=True, path_type=Path))
 @click.option("--system", help="System prompt (/system changes it during the chat).")
-@click.option("-n", "--max-tokens", type=int, default=512, show_default=True,
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
               help="Tokens of one answer at most.")
 @_generation_options
 @click.option("--stats", is_flag=True, help="After each answer, show its speed and how much "
@@ -371,7 +426,7 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
 def chat(file: Path, system: str | None, max_tokens: int, backend: str, temperature: float,
          top_k: int, top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
          stop: tuple[str, ...], context: int | None, threads: int | None, show_special: bool,
-         i2s_layout: str, decode: str, stats: bool) -> None:
+         i2s_layout: str, decode: str, head: str, stats: bool) -> None:
     """Chat with FILE: a conversation of many turns, answers streamed as they form.
 
     Prompts are rendered with the model's own chat template (as transformers renders it).

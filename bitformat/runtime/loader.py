@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..container import open_model
-from ..errors import MetadataError, RequestError
+from ..errors import BitformatError, RequestError
 from ..modelfile import Model
+from ..validate import model_args, validate_model
 from .backend import Backend
 from .exact_head import HEAD_MODES, Head
 from .generate import (
@@ -184,12 +185,10 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         raise RequestError(f"the {backend} backend does not run in {dtype}")
     container = open_model(path, i2s_variant=i2s_variant)
     try:
-        meta = {k: v.plain() for k, v in container.metadata.items()}
-        vocab = container.entry("token_embd.weight").shape[0]
-        args = ModelArgs.from_metadata(meta, vocab_size=vocab)
-        if args.vocab_size != vocab:
-            raise MetadataError(f"vocab_size {args.vocab_size} but token_embd has {vocab} rows",
-                                path=str(path))
+        args: ModelArgs = model_args(container)
+        # every tensor the architecture needs, with the shape its config implies, and config
+        # values in range: the kernels below only ever see validated shapes
+        validate_model(container, args, values="error")
         if backend == "cpu":
             from .cpu.backend import CpuBackend
 
@@ -208,7 +207,12 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         if "tokenizer.ggml.tokens" in container.metadata:
             from ..tokenizer import Tokenizer
 
-            tokenizer = Tokenizer(container.metadata)
+            try:
+                tokenizer = Tokenizer(container.metadata)
+            except BitformatError as exc:
+                if exc.path is not None:
+                    raise
+                raise type(exc)(exc.problem, path=str(path), tensor=exc.tensor) from None
         loaded = LoadedModel(container, be, args, tokenizer, progress=progress, head=head)
         loaded.load_seconds = time.perf_counter() - t0
         return loaded
