@@ -22,7 +22,8 @@ from . import __version__
 from .cli_helpers import CompileNotice, check_output, check_threads, quantized_line
 from .errors import BitformatError, Terminated
 
-CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "rans", "hf")
+CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "stfma", "colpack_u32",
+                   "rans", "hf")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # matplotlib's savefig picks the format by extension
 
 

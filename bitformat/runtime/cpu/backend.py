@@ -51,9 +51,16 @@ SERIAL_BYTES = 512 << 10
 #: step); longer prompts run :func:`.kernels.mm2_vnni_prompt`.
 BATCH_TOKENS = 16
 
+#: ik_llama.cpp's BitNet types: one scale at the start of every row (formats/iq2_bn.py).
+ROW_SCALED = ("iq2_bn", "iq1_bn")
+
 #: encoding -> (slot layout of the activations, kernel kind); i2_s's layout is its variant.
 TWO_BIT = {"i2_s": (None, K.KIND_I2S), "stfma": ("plain", K.KIND_LOW),
            "colpack_u32": ("plain", K.KIND_COLPACK)}
+
+
+#: Encodings whose matrices run stacked (q, k, v; gate, up) as one kernel call.
+STACKABLE = (*TWO_BIT, *ROW_SCALED, "tq2_0", "tq1_0", "q2_0")
 
 
 @dataclass
@@ -193,6 +200,9 @@ class CpuBackend(Backend):
             return CpuWeight(src.encoding, src.rows, src.cols, data,
                              np.full(src.rows, src.scale, np.float32), layout or self.i2s_variant,
                              kind)
+        if src.encoding in ROW_SCALED:  # the rows' own scales, for the kernel's epilogue
+            return CpuWeight(src.encoding, src.rows, src.cols, data,
+                             src.fmt.row_scales(data))
         return CpuWeight(src.encoding, src.rows, src.cols, data, np.float32(0))
 
     def _rans_weight(self, name: str) -> KR.RansWeight:
@@ -239,7 +249,7 @@ class CpuBackend(Backend):
         (the model asks for q, k, v and gate, up in turn) as one weight over all their rows;
         per-tensor scales become per-row scales. None for anything else (rans, repacked)."""
         first = weights[0]
-        if not all(isinstance(w, CpuWeight) and w.encoding in (*TWO_BIT, "tq2_0", "tq1_0")
+        if not all(isinstance(w, CpuWeight) and w.encoding in STACKABLE
                    and (w.encoding, w.cols, w.layout, w.kind, w.data.shape[1])
                    == (first.encoding, first.cols, first.layout, first.kind,
                        first.data.shape[1]) for w in weights):
@@ -254,8 +264,8 @@ class CpuBackend(Backend):
         rows = sum(w.rows for w in weights)
         data = buf[start: start + rows * first.data.shape[1]].reshape(rows, -1)
         data.setflags(write=False)  # as every weight: one compiled specialisation of a kernel
-        scale = (np.concatenate([w.scale for w in weights]) if first.encoding in TWO_BIT
-                 else first.scale)
+        scale = (np.concatenate([w.scale for w in weights])
+                 if first.encoding in (*TWO_BIT, *ROW_SCALED) else first.scale)
         return CpuWeight(first.encoding, rows, first.cols, data, scale, first.layout,
                          first.kind)
 
@@ -328,7 +338,7 @@ class CpuBackend(Backend):
             if key == "sum":
                 qa.cache[full] = qa.q.sum(axis=1, dtype=np.int32)
             elif key == "blocks":
-                qa.cache[full] = K.block_sums(qa.q)
+                qa.cache[full] = K.block_sums(qa.q, width or 256)
             elif key == "s":
                 qa.cache[full] = qa.s.astype(np.float32)
             else:
@@ -355,6 +365,17 @@ class CpuBackend(Backend):
         elif enc == "tq1_0":
             self._call(self._tq1, w.data.nbytes, w.data, qa.q, self._derived(qa, "blocks"), s,
                        out)
+        elif enc == "q2_0":
+            xg = self._derived(qa, "plain", w.cols)
+            self._call(K.q2_portable, w.data.nbytes, w.data, xg, self._derived(qa, "blocks", 64),
+                       s, out)
+        elif enc == "iq2_bn":
+            xg = self._derived(qa, "arm64", w.cols)
+            self._call(K.iq2bn_portable, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,
+                       w.scale, out)
+        elif enc == "iq1_bn":
+            self._call(K.iq1bn_portable, w.data.nbytes, w.data, qa.q, self._derived(qa, "sum"),
+                       s, w.scale, out)
         else:
             self._call(K.mm_trits, w.data.nbytes, w.data, w.scale, qa.q, s, out)
         return out
