@@ -30,6 +30,7 @@ from ...mapping import file_mapping
 from ...modelfile import Model
 from .. import exact_head as EH
 from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
+from . import amx as A
 from . import batch as B
 from . import head as H
 from . import kernels as K
@@ -140,6 +141,8 @@ class CpuBackend(Backend):
         # a batched decode step (2..BATCH_TOKENS rows) and the LM head of any rows: batch.py
         self._mm2_tokens = B.mm2_vnni_tokens if vnni else None
         self._head_tokens = B.lm_head_tokens if vnni else None
+        # 2..16 rows of i2_s / stfma on AMX tiles where the CPU and the OS allow it: amx.py
+        self.amx = vnni and A.available()
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         self._blas = ThreadpoolController()
@@ -355,6 +358,10 @@ class CpuBackend(Backend):
             xg = self._derived(qa, w.layout, w.data.shape[1] * 4)
             corr = (np.zeros(len(s), np.int32) if w.kind == K.KIND_COLPACK
                     else self._derived(qa, "sum"))
+            if (self.amx and len(s) > 1 and w.kind != K.KIND_COLPACK
+                    and w.data.shape[1] % 64 == 0):
+                self._amx(qa, w, xg, corr, s, out)
+                return out
             kernel = (self._mm2 if len(s) == 1 else self._mm2_tokens
                       if self._mm2_tokens and len(s) <= BATCH_TOKENS and w.kind != K.KIND_COLPACK
                       else self._mm2_prompt)
@@ -379,6 +386,21 @@ class CpuBackend(Backend):
         else:
             self._call(K.mm_trits, w.data.nbytes, w.data, w.scale, qa.q, s, out)
         return out
+
+    def _amx(self, qa: QuantizedActivations, w: CpuWeight, xg: np.ndarray, corr: np.ndarray,
+             s: np.ndarray, out: np.ndarray) -> None:
+        """:func:`.amx.mm2_amx_tokens` on the rows of ``qa`` in slices of up to 16."""
+        T = len(s)
+        for t0 in range(0, T, A.MAX_TOKENS):
+            t1 = min(T, t0 + A.MAX_TOKENS)
+            key = f"amx:{w.layout}:{w.kind}:{xg.shape[2]}:{t0}"
+            if key not in qa.cache:
+                qa.cache[key] = A.tile_activations(xg[t0:t1], w.kind)
+            part = out if (t0, t1) == (0, T) else np.empty((t1 - t0, w.rows), np.float32)
+            self._call(A.mm2_amx_tokens, w.data.nbytes, w.data, xg[t0:t1], qa.cache[key],
+                       A.tile_config(t1 - t0), corr[t0:t1], s[t0:t1], w.scale, w.kind, part)
+            if part is not out:
+                out[t0:t1] = part
 
     def _rans(self, qa: QuantizedActivations, w: KR.RansWeight, s: np.ndarray) -> np.ndarray:
         out = np.zeros((qa.q.shape[0], w.rows), dtype=np.float32)  # dead rows stay 0
