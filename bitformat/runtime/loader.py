@@ -52,10 +52,9 @@ class LoadedModel:
 
             self.net = WgpuBitNet(args, backend, progress=progress)
             # the device runs the full head (a screened one is not built for wgpu yet)
-            self.head = Head(backend, head)
+            self._head = Head(backend, head)
         else:
             self.net = BitNet(args, backend, progress=progress, head=head)
-            self.head = self.net.head
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once: in
@@ -97,6 +96,11 @@ class LoadedModel:
                  ) -> GenerationResult:
         """The whole answer: text, token ids, finish reason and stats."""
         return collect(self.stream_generate(prompt, max_new_tokens, **kwargs))
+
+    @property
+    def head(self) -> Head:
+        """The LM head the model chooses tokens with (:class:`.exact_head.Head`)."""
+        return getattr(self.net, "head", None) or self._head
 
     def head_stats(self) -> dict[str, Any]:
         """The head mode and what it did since the last generation started: candidates
