@@ -68,6 +68,12 @@ class MetadataError(FormatError):
     """Required metadata is missing or has the wrong type."""
 
 
+class MissingTensorError(MetadataError, KeyError):
+    """A tensor the model needs is not in the file (also a ``KeyError``, as a dict lookup)."""
+
+    __str__ = BaseException.__str__
+
+
 class ScaleLossError(BitformatError, ValueError):
     """The target container cannot hold the source's scales exactly."""
 

@@ -35,6 +35,9 @@ class ModelSummary:
     tokenizer: dict
     tensors: list[TensorStats] = field(default_factory=list)
     totals: dict = field(default_factory=dict)
+    #: what validation found (:mod:`bitformat.validate`): {"level", "tensor", "message"};
+    #: level "error" means ``run`` and ``convert`` refuse the file
+    problems: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -81,6 +84,21 @@ CONFIG_KEYS = ("vocab_size", "context_length", "embedding_length", "block_count"
                "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count")
 
 
+def validation_problems(model: Model) -> list[dict]:
+    """The validator's findings for ``inspect``: it shows a broken file rather than refuse it."""
+    from .errors import BitformatError
+    from .validate import FAMILIES, check_model, model_args
+
+    if model.architecture not in FAMILIES:
+        return []
+    try:
+        args = model_args(model)
+    except BitformatError as exc:
+        return [{"level": "error", "tensor": exc.tensor, "message": exc.problem}]
+    return [{"level": p.level, "tensor": p.tensor, "message": p.message}
+            for p in check_model(model, args, values="warning")]
+
+
 def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = None
               ) -> ModelSummary:
     """Decode every tensor once and gather what ``inspect`` prints."""
@@ -104,6 +122,7 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
         "chat_template": model.get("tokenizer.chat_template") is not None,
     }
     summary = ModelSummary(model.path, model.container, arch, config, tokenizer)
+    summary.problems = validation_problems(model)
     ternary_bytes = ternary_weights = embed_bytes = embed_row = other_bytes = 0
     total_bytes = 0
     counts = np.zeros(3, dtype=np.int64)
@@ -215,4 +234,12 @@ def render(summary: ModelSummary) -> str:
     share = tot["lm_head_share_of_token"]
     lines.append(f"  bytes per token    {human_bytes(tot['bytes_per_token'])}"
                  + (f" (LM head {share:.0%})" if share is not None else ""))
+    if summary.problems:
+        lines.append("")
+    for p in summary.problems[:20]:
+        what = "error (run and convert refuse)" if p["level"] == "error" else "warning"
+        where = f"tensor {p['tensor']!r}: " if p["tensor"] else ""
+        lines.append(f"  {what}: {where}{p['message']}")
+    if len(summary.problems) > 20:
+        lines.append(f"  ... and {len(summary.problems) - 20} more problems (--json lists all)")
     return "\n".join(lines)

@@ -39,7 +39,7 @@ import numpy as np
 
 from .chat_template import BITNET_CHAT_TEMPLATE, render_chat
 from .constants import ValueType
-from .errors import MetadataError, UnsupportedConversionError
+from .errors import BitformatError, MetadataError, UnsupportedConversionError
 from .gguf_io import MetaValue
 
 #: The pre-tokenizer regex of Llama 3 (``tokenizer.json``; llama.cpp's ``llama-bpe``).
@@ -235,19 +235,31 @@ def _build(d: BPEData, with_post_processor: bool):
     pairs = [tuple(m.split(" ")) for m in d.merges]
     if any(len(p) != 2 for p in pairs):
         raise MetadataError("a merge is not two tokens separated by one space")
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=d.pre in _LLAMA3_PRE))
-    tok.pre_tokenizer = _pre_tokenizer(d.pre)
-    tok.decoder = decoders.ByteLevel()
-    # Types other than normal and user-defined (unknown 2, unused 5, byte 6) count as
-    # control: never produced from text except by their exact string.
-    added = [AddedToken(t, special=ty != TOKEN_USER_DEFINED, normalized=False)
-             for t, ty in zip(d.tokens, d.token_types, strict=True) if ty != TOKEN_NORMAL]
-    tok.add_special_tokens([a for a in added if a.special])
-    tok.add_tokens([a for a in added if not a.special])
-    if with_post_processor and d.add_bos:
-        bos = d.tokens[d.bos_id]
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, d.bos_id)])
+    try:
+        tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs,
+                                     ignore_merges=d.pre in _LLAMA3_PRE))
+        tok.pre_tokenizer = _pre_tokenizer(d.pre)
+        tok.decoder = decoders.ByteLevel()
+        # Types other than normal and user-defined (unknown 2, unused 5, byte 6) count as
+        # control: never produced from text except by their exact string.
+        added = [AddedToken(t, special=ty != TOKEN_USER_DEFINED, normalized=False)
+                 for t, ty in zip(d.tokens, d.token_types, strict=True) if ty != TOKEN_NORMAL]
+        tok.add_special_tokens([a for a in added if a.special])
+        tok.add_tokens([a for a in added if not a.special])
+        if with_post_processor and d.add_bos:
+            bos = d.tokens[d.bos_id]
+            tok.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1",
+                special_tokens=[(bos, d.bos_id)])
+    except BitformatError:
+        raise
+    except BaseException as exc:  # the tokenizers library's errors, pyo3 panics included
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)) or not isinstance(
+                exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
+        raise MetadataError(f"the tokenizer library refuses this vocabulary: "
+                            f"{str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
+                            ) from None
     return tok
 
 

@@ -21,7 +21,7 @@ from ..modelfile import Model
 from ..ternary import TernaryTensor
 
 #: Ternary encodings whose bytes a backend can read row by row.
-ROW_FORMATS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32")
+ROW_FORMATS = ("i2_s", "tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "stfma", "colpack_u32")
 
 
 @dataclass

@@ -47,22 +47,28 @@ class ModelArgs:
             raise UnsupportedConversionError(f"architecture {arch!r} is not BitNet b1.58 "
                                              f"(expected one of {', '.join(ARCHITECTURES)})")
 
-        def need(key: str, default: Any = None) -> Any:
+        def need(key: str, default: Any = None, kind: type = int) -> Any:
             v = meta.get(f"{arch}.{key}", default)
             if v is None:
                 raise MetadataError(f"missing metadata {arch}.{key}")
-            return v
+            # a GGUF integer or float of any width; a string, array or bool is a wrong type
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                    or (kind is int and v != int(v) if np.isfinite(v) else kind is int):
+                raise MetadataError(f"metadata {arch}.{key} is {str(v)[:40]!r}, not "
+                                    f"{'an integer' if kind is int else 'a number'}")
+            return kind(v)
 
-        heads = int(need("attention.head_count"))
-        args = cls(dim=int(need("embedding_length")), n_layers=int(need("block_count")),
-                   n_heads=heads, n_kv_heads=int(need("attention.head_count_kv", heads)),
-                   hidden_dim=int(need("feed_forward_length")),
-                   vocab_size=int(need("vocab_size", vocab_size)),
-                   norm_eps=float(need("attention.layer_norm_rms_epsilon", 1e-5)),
-                   rope_theta=float(need("rope.freq_base", 10000.0)),
-                   context_length=int(need("context_length", 2048)), arch=arch)
-        rope_dim = meta.get(f"{arch}.rope.dimension_count", args.head_dim)
-        if int(rope_dim) != args.head_dim:
+        heads = need("attention.head_count")
+        args = cls(dim=need("embedding_length"), n_layers=need("block_count"),
+                   n_heads=heads, n_kv_heads=need("attention.head_count_kv", heads),
+                   hidden_dim=need("feed_forward_length"),
+                   vocab_size=need("vocab_size", vocab_size),
+                   norm_eps=need("attention.layer_norm_rms_epsilon", 1e-5, float),
+                   rope_theta=need("rope.freq_base", 10000.0, float),
+                   context_length=need("context_length", 2048), arch=arch)
+        args.checked()
+        rope_dim = need("rope.dimension_count", args.head_dim)
+        if rope_dim != args.head_dim:
             raise UnsupportedConversionError(f"partial RoPE ({rope_dim} of {args.head_dim} "
                                              "head dimensions) is not BitNet's")
         return args.checked()

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..backend import Backend, QuantizedActivations, relu2_glu, rms_norm
-from ..sampling import Sampler, pick_tokens
+from ..exact_head import Head
+from ..sampling import Sampler
 from . import base
 from .base import KVCache, ModelArgs, Rows, Segment
 
@@ -52,9 +53,11 @@ class BitNet:
     """The network: ``forward(tokens, cache)`` -> logits, on any backend."""
 
     def __init__(self, args: ModelArgs, backend: Backend, *,
-                 progress: Callable[[int, int], None] | None = None):
-        """``progress(layer, n_layers)`` is called as each layer's weights are ready."""
+                 progress: Callable[[int, int], None] | None = None, head: str = "full"):
+        """``progress(layer, n_layers)`` is called as each layer's weights are ready; ``head``:
+        "full" or "screened" (:mod:`..exact_head`: the same tokens from fewer bytes)."""
         self.args, self.be = args, backend
+        self.head = Head(backend, head)
         names = {e.name for e in backend.model.entries}
         self.blocks = []
         for i in range(args.n_layers):
@@ -109,8 +112,9 @@ class BitNet:
         return self.select(self.forward_hidden(segments), samplers)
 
     def select(self, h: np.ndarray, samplers: Sequence[Sampler]) -> list[int]:
-        """The token each row of final hidden states ``h`` [n, dim] leads to (the full head)."""
-        return pick_tokens(self.be.lm_head(h), samplers)
+        """The token each row of final hidden states ``h`` [n, dim] leads to: the full head's
+        choice, by the full or the screened head."""
+        return self.head.select(h, samplers)
 
     def forward_hidden(self, segments: Sequence[Segment], *,
                        all_positions: bool = False) -> np.ndarray:
