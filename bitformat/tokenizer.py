@@ -413,10 +413,9 @@ def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
     """
     folder = Path(hf_dir)
     path = folder / "tokenizer.json"
-    try:
-        tj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MetadataError(f"cannot read tokenizer.json: {exc}", path=str(path)) from None
+    from .safetensors_io import read_json
+
+    tj = read_json(path, "tokenizer.json")
     config = _read_json(folder / "tokenizer_config.json")
     smap = _read_json(folder / "special_tokens_map.json")
     model = tj.get("model") or {}
@@ -463,12 +462,11 @@ def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    from .safetensors_io import read_json
+
     if not path.is_file():
         return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise MetadataError(f"not valid JSON: {exc}", path=str(path)) from None
+    return read_json(path, path.name)
 
 
 def _pre_name(pre: dict | None, path: str) -> str:
