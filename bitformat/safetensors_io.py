@@ -95,7 +95,8 @@ class SafeFile:
         try:
             text = header.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise FormatError(f"header is not valid JSON (not UTF-8: {exc})", path=self.path) from None
+            raise FormatError(f"header is not valid JSON (not UTF-8: {exc})",
+                              path=self.path) from None
         obj = loads_json(text, "header", self.path, object_pairs_hook=_unique_keys)
         if not isinstance(obj, dict):
             raise FormatError("header is not a JSON object", path=self.path)
@@ -194,7 +195,8 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise FormatError(f"{what} is not valid JSON (not UTF-8: {exc})", path=str(path)) from None
+        raise FormatError(f"{what} is not valid JSON (not UTF-8: {exc})",
+                          path=str(path)) from None
     obj = loads_json(text, what, str(path), object_pairs_hook=_unique_keys)
     if not isinstance(obj, dict):
         raise FormatError(f"{what} is not a JSON object", path=str(path))
