@@ -128,20 +128,26 @@ class BPEData:
         if need("model") != "gpt2":
             raise UnsupportedConversionError(f"tokenizer model {m[_KEY + 'model']!r} is not "
                                              "a byte-level BPE ('gpt2')")
-        tokens = [str(t) for t in need("tokens")]
-        types = [int(t) for t in m.get(_KEY + "token_type", [TOKEN_NORMAL] * len(tokens))]
+        tokens = _typed_list(need("tokens"), str, _KEY + "tokens")
+        types = _typed_list(m.get(_KEY + "token_type", [TOKEN_NORMAL] * len(tokens)),
+                            (int, np.integer), _KEY + "token_type")
         if len(types) != len(tokens):
             raise MetadataError(f"{len(tokens)} tokens but {len(types)} token types")
         ids = [need("bos_token_id"), need("eos_token_id"), m.get(_KEY + "padding_token_id")]
+        if any(i is not None and (isinstance(i, bool) or not isinstance(i, (int, np.integer)))
+               for i in ids):
+            raise MetadataError(f"a special token id in {ids!r:.80} is not an integer")
         if any(i is not None and not 0 <= int(i) < len(tokens) for i in ids):
             raise MetadataError(f"a special token id in {ids} is outside the vocabulary of "
                                 f"{len(tokens)}")
 
         def opt(key: str, conv):
             v = m.get(key)
+            if v is not None and not isinstance(v, {int: (int, np.integer)}.get(conv, conv)):
+                raise MetadataError(f"metadata {key} is {str(v)[:40]!r}, not a {conv.__name__}")
             return None if v is None else conv(v)
 
-        return cls(tokens, types, [str(x) for x in m.get(_KEY + "merges", [])],
+        return cls(tokens, types, _typed_list(m.get(_KEY + "merges", []), str, _KEY + "merges"),
                    int(ids[0]), int(ids[1]), opt(_KEY + "padding_token_id", int),
                    opt(_KEY + "add_bos_token", bool), opt(_KEY + "add_eos_token", bool),
                    opt("tokenizer.chat_template", str), opt(_KEY + "pre", str))
@@ -150,6 +156,14 @@ class BPEData:
         """Tokenizer keys of ``meta`` that this class (and so the HF files) cannot hold."""
         known = {_KEY + k for k in self.KEYS} | {"tokenizer.chat_template"}
         return [k for k in meta if k.startswith("tokenizer.") and k not in known]
+
+
+def _typed_list(v: Any, kind, key: str) -> list:
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple, np.ndarray)) or not all(
+            isinstance(x, kind) and not isinstance(x, bool) for x in v):
+        raise MetadataError(f"metadata {key} is not an array of "
+                            f"{'strings' if kind is str else 'integers'}")
+    return [x if kind is str else int(x) for x in v]
 
 
 # -- training ---------------------------------------------------------------------------------
@@ -405,6 +419,19 @@ def to_hf_files(metadata: dict[str, Any], out_dir: str | os.PathLike) -> list[st
 
 
 def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
+    """GGUF tokenizer metadata from a Hugging Face folder (see :func:`_from_hf_files`); a
+    field of an unexpected type or structure is a :class:`MetadataError` naming the folder."""
+    try:
+        return _from_hf_files(hf_dir)
+    except BitformatError:
+        raise
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
+        raise MetadataError(f"the tokenizer files have an unexpected structure "
+                            f"({type(exc).__name__}: {str(exc)[:100]})", path=str(hf_dir)
+                            ) from None
+
+
+def _from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
     """GGUF tokenizer metadata from a Hugging Face folder (the inverse of :func:`to_hf_files`).
 
     Token types: added special tokens are control (3), other added tokens user-defined (4),
