@@ -11,7 +11,8 @@ process whose address space is capped (RLIMIT_AS). A case passes when the comman
 or exits 1 or 2 with a one-line error that is not an "internal error". It fails as a
 *traceback* (an exception bitformat did not foresee), a *signal* (the worker died), a
 *hang* (no answer within the per-case timeout) or an *over-allocation* (MemoryError under
-the cap: the file made bitformat ask for more memory than the bound). One case in
+the address-space cap, or the worker's resident set grown past ``RSS_BOUND_MIB``: the file
+made bitformat ask for far more memory than the tiny model it is). One case in
 ``--subprocess-every`` also runs through a real ``python -m bitformat.cli`` process, to check
 what a user sees (exit status, no "Traceback" on stderr).
 
@@ -41,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "rans", "hf")
 COMMANDS = ("inspect", "convert", "run-cpu", "run-numpy")
 MEMORY_CAP = 3 << 30  # bytes of address space a worker may map (tiny models need ~1.5 GiB)
+RSS_BOUND_MIB = 1024  # resident memory a worker may reach (tiny models: under 200 MiB)
 CASE_TIMEOUT = 60.0  # seconds; first cases compile nothing (numba's cache is warm)
 FAILURES = ("traceback", "signal", "hang", "over_allocation")
 ARCH = "bitnet-b1.58"
@@ -405,6 +407,8 @@ def run_subprocess(args: list[str]) -> tuple[str, str]:
 
 # -- workers -----------------------------------------------------------------------------------
 def worker(conn, base_dir: str, subprocess_every: int) -> None:
+    import resource
+
     _limit_memory()
     os.environ.pop("BITFORMAT_DEBUG", None)
     work = Path(tempfile.mkdtemp(prefix="fuzzcase-"))
@@ -418,11 +422,12 @@ def worker(conn, base_dir: str, subprocess_every: int) -> None:
             try:
                 args, what = make_case(i, bases, work)
             except Exception as exc:  # noqa: BLE001 - a mutation the writer refuses: skip
-                conn.send((i, "skipped", f"{type(exc).__name__}: {exc}"[:200], "", False))
+                conn.send((i, "skipped", f"{type(exc).__name__}: {exc}"[:200], "", False, 0))
                 continue
             via_sub = subprocess_every > 0 and i % subprocess_every == 0
             outcome, line = (run_subprocess if via_sub else run_in_process)(args)
-            conn.send((i, outcome, what, f"{' '.join(args[:1])}: {line}", via_sub))
+            conn.send((i, outcome, what, f"{' '.join(args[:1])}: {line}", via_sub,
+                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -441,6 +446,7 @@ def fuzz(cases: list[int], *, workers: int = 2, subprocess_every: int = 50,
     queue = list(reversed(cases))
     t0 = time.time()
     slots: list = []
+    peak_rss = 0  # MiB, the largest resident set a worker reached
 
     def start():
         a, b = ctx.Pipe()
@@ -475,13 +481,17 @@ def fuzz(cases: list[int], *, workers: int = 2, subprocess_every: int = 50,
                 if result is None and not s["proc"].is_alive():
                     code = s["proc"].exitcode
                     result = (i, "signal" if code is not None and code < 0 else "traceback",
-                              "", f"worker exit {code}", False)
+                              "", f"worker exit {code}", False, 0)
                 if result is None and time.time() - s["since"] > CASE_TIMEOUT:
                     s["proc"].kill()
-                    result = (i, "hang", "", "", False)
+                    result = (i, "hang", "", "", False, 0)
                 if result is None:
                     continue
-                _, outcome, what, line, via_sub = result
+                _, outcome, what, line, via_sub, rss = result
+                peak_rss = max(peak_rss, rss)
+                if rss > RSS_BOUND_MIB:  # this case grew the worker past the bound
+                    outcome, line = "over_allocation", f"{line} (worker rss {rss} MiB)"
+                    s["proc"].kill()
                 target, command = case_plan(i)
                 counts[outcome] += 1
                 per[f"{target} {command}"] += 1
@@ -492,7 +502,7 @@ def fuzz(cases: list[int], *, workers: int = 2, subprocess_every: int = 50,
                 done += 1
                 if progress is not None:
                     progress(done, len(cases), counts)
-                if not s["proc"].is_alive() or outcome in ("signal", "hang"):
+                if not s["proc"].is_alive() or outcome in ("signal", "hang", "over_allocation"):
                     s["proc"].join(1)
                     slots[k] = s = start()
                 feed(s)
@@ -510,6 +520,7 @@ def fuzz(cases: list[int], *, workers: int = 2, subprocess_every: int = 50,
     figures = {f: counts[f] for f in ("ok", "error", "skipped", *FAILURES)}
     return {"cases": len(cases), "seconds": round(time.time() - t0, 1), "figures": figures,
             "subprocess_cases": counts["subprocess"], "memory_cap_bytes": MEMORY_CAP,
+            "peak_worker_rss_mib": peak_rss,
             "per_target_command": dict(sorted(per.items())), "failures": failures}
 
 
