@@ -376,6 +376,17 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
     except ImportError:
         raise UnsupportedConversionError("this chat template needs the jinja2 package") from None
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return _render(env, template, messages, add_generation_prompt, bos_token, eos_token)
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the template is the file's code: any failure
+        raise MetadataError(f"the chat template fails: {type(exc).__name__}: "
+                            f"{str(exc)[:120]}") from None
+
+
+def _render(env, template: str, messages: list[dict], add_generation_prompt: bool,
+            bos_token: str, eos_token: str) -> str:
     return env.from_string(template).render(messages=messages, bos_token=bos_token,
                                             eos_token=eos_token,
                                             add_generation_prompt=add_generation_prompt)
@@ -481,6 +492,11 @@ def _from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     if template is None and (folder / "chat_template.jinja").is_file():
         template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    for what, v, kind in (("chat_template", template, str), ("add_bos_token", add_bos, bool),
+                          ("add_eos_token", config.get("add_eos_token"), bool)):
+        if v is not None and not isinstance(v, kind):
+            raise MetadataError(f"{what} is {str(v)[:40]!r}, not a {kind.__name__}",
+                                path=str(folder / "tokenizer_config.json"))
     d = BPEData(tokens, [by_id[i][1] for i in range(len(tokens))],
                 [_merge_str(m) for m in model.get("merges", [])], bos, eos,
                 special("pad_token"), add_bos, config.get("add_eos_token"), template,

@@ -22,6 +22,7 @@ packs (integers in range), else :class:`MetadataError`.
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Iterable
@@ -135,7 +136,9 @@ class Hyper:
 
 def _need(src: dict[str, Any], key: str, kind: type, where: str, default: Any = None) -> Any:
     v = src.get(key, default)
-    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v > 0
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v) if abs(v) < 2**1000 else float("inf")  # a JSON integer as a float
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
           if kind is float else isinstance(v, int) and not isinstance(v, bool) and v > 0)
     if not ok:
         raise MetadataError(f"{key} must be a positive {kind.__name__}, got {v!r}", path=where)
