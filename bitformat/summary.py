@@ -84,6 +84,11 @@ CONFIG_KEYS = ("vocab_size", "context_length", "embedding_length", "block_count"
                "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count")
 
 
+def _as_list(v) -> list:
+    """A metadata array as a list (anything else, e.g. a scalar where an array belongs, as [])."""
+    return list(v) if isinstance(v, (list, tuple, np.ndarray)) else []
+
+
 def validation_problems(model: Model) -> list[dict]:
     """The validator's findings for ``inspect``: it shows a broken file rather than refuse it."""
     from .errors import BitformatError
@@ -108,13 +113,13 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
     for key in ("general.name", "general.file_type", "bitformat.format"):
         if model.get(key) is not None:
             config[key] = model.get(key)
-    tokens = model.get("tokenizer.ggml.tokens") or []
-    token_types = model.get("tokenizer.ggml.token_type") or []
+    tokens = _as_list(model.get("tokenizer.ggml.tokens"))
+    token_types = _as_list(model.get("tokenizer.ggml.token_type"))
     tokenizer = {
         "model": model.get("tokenizer.ggml.model"),
         "pre": model.get("tokenizer.ggml.pre"),
         "tokens": len(tokens),
-        "merges": len(model.get("tokenizer.ggml.merges") or []),
+        "merges": len(_as_list(model.get("tokenizer.ggml.merges"))),
         "special_tokens": int(sum(1 for t in token_types if t in (3, 4))),
         "bos_token_id": model.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": model.get("tokenizer.ggml.eos_token_id"),

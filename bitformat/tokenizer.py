@@ -121,20 +121,26 @@ class BPEData:
         if need("model") != "gpt2":
             raise UnsupportedConversionError(f"tokenizer model {m[_KEY + 'model']!r} is not "
                                              "a byte-level BPE ('gpt2')")
-        tokens = [str(t) for t in need("tokens")]
-        types = [int(t) for t in m.get(_KEY + "token_type", [TOKEN_NORMAL] * len(tokens))]
+        tokens = _typed_list(need("tokens"), str, _KEY + "tokens")
+        types = _typed_list(m.get(_KEY + "token_type", [TOKEN_NORMAL] * len(tokens)),
+                            (int, np.integer), _KEY + "token_type")
         if len(types) != len(tokens):
             raise MetadataError(f"{len(tokens)} tokens but {len(types)} token types")
         ids = [need("bos_token_id"), need("eos_token_id"), m.get(_KEY + "padding_token_id")]
+        if any(i is not None and (isinstance(i, bool) or not isinstance(i, (int, np.integer)))
+               for i in ids):
+            raise MetadataError(f"a special token id in {ids!r:.80} is not an integer")
         if any(i is not None and not 0 <= int(i) < len(tokens) for i in ids):
             raise MetadataError(f"a special token id in {ids} is outside the vocabulary of "
                                 f"{len(tokens)}")
 
         def opt(key: str, conv):
             v = m.get(key)
+            if v is not None and not isinstance(v, {int: (int, np.integer)}.get(conv, conv)):
+                raise MetadataError(f"metadata {key} is {str(v)[:40]!r}, not a {conv.__name__}")
             return None if v is None else conv(v)
 
-        return cls(tokens, types, [str(x) for x in m.get(_KEY + "merges", [])],
+        return cls(tokens, types, _typed_list(m.get(_KEY + "merges", []), str, _KEY + "merges"),
                    int(ids[0]), int(ids[1]), opt(_KEY + "padding_token_id", int),
                    opt(_KEY + "add_bos_token", bool), opt(_KEY + "add_eos_token", bool),
                    opt("tokenizer.chat_template", str), opt(_KEY + "pre", str))
@@ -143,6 +149,14 @@ class BPEData:
         """Tokenizer keys of ``meta`` that this class (and so the HF files) cannot hold."""
         known = {_KEY + k for k in self.KEYS} | {"tokenizer.chat_template"}
         return [k for k in meta if k.startswith("tokenizer.") and k not in known]
+
+
+def _typed_list(v: Any, kind, key: str) -> list:
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple, np.ndarray)) or not all(
+            isinstance(x, kind) and not isinstance(x, bool) for x in v):
+        raise MetadataError(f"metadata {key} is not an array of "
+                            f"{'strings' if kind is str else 'integers'}")
+    return [x if kind is str else int(x) for x in v]
 
 
 # -- training ---------------------------------------------------------------------------------
@@ -374,6 +388,19 @@ def to_hf_files(metadata: dict[str, Any], out_dir: str | os.PathLike) -> list[st
 
 
 def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
+    """GGUF tokenizer metadata from a Hugging Face folder (see :func:`_from_hf_files`); a
+    field of an unexpected type or structure is a :class:`MetadataError` naming the folder."""
+    try:
+        return _from_hf_files(hf_dir)
+    except BitformatError:
+        raise
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
+        raise MetadataError(f"the tokenizer files have an unexpected structure "
+                            f"({type(exc).__name__}: {str(exc)[:100]})", path=str(hf_dir)
+                            ) from None
+
+
+def _from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
     """GGUF tokenizer metadata from a Hugging Face folder (the inverse of :func:`to_hf_files`).
 
     Token types: added special tokens are control (3), other added tokens user-defined (4),
@@ -382,10 +409,9 @@ def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
     """
     folder = Path(hf_dir)
     path = folder / "tokenizer.json"
-    try:
-        tj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MetadataError(f"cannot read tokenizer.json: {exc}", path=str(path)) from None
+    from .safetensors_io import read_json
+
+    tj = read_json(path, "tokenizer.json")
     config = _read_json(folder / "tokenizer_config.json")
     smap = _read_json(folder / "special_tokens_map.json")
     model = tj.get("model") or {}
@@ -424,6 +450,11 @@ def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     if template is None and (folder / "chat_template.jinja").is_file():
         template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    for what, v, kind in (("chat_template", template, str), ("add_bos_token", add_bos, bool),
+                          ("add_eos_token", config.get("add_eos_token"), bool)):
+        if v is not None and not isinstance(v, kind):
+            raise MetadataError(f"{what} is {str(v)[:40]!r}, not a {kind.__name__}",
+                                path=str(folder / "tokenizer_config.json"))
     d = BPEData(tokens, [by_id[i][1] for i in range(len(tokens))],
                 [_merge_str(m) for m in model.get("merges", [])], bos, eos,
                 special("pad_token"), add_bos, config.get("add_eos_token"), template,
@@ -432,12 +463,11 @@ def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    from .safetensors_io import read_json
+
     if not path.is_file():
         return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise MetadataError(f"not valid JSON: {exc}", path=str(path)) from None
+    return read_json(path, path.name)
 
 
 def _pre_name(pre: dict | None, path: str) -> str:

@@ -273,3 +273,74 @@ def test_merge_of_unknown_tokens_is_a_clean_error(tiny_gguf, tmp_path):
     out = one_line_error(CliRunner().invoke(main, ["run", str(bad), "--prompt", "hi", "-n",
                                                    "1", "--backend", "numpy"]))
     assert "tokenizer" in out and str(bad) in out
+
+
+# -- bounds: nothing sized from a file beyond what it holds or a documented cap -----------------
+def test_rans_matrix_claiming_65536_squared_is_refused(tiny_containers, tmp_path):
+    name = "blk.0.attn_q.weight"
+    bad = rewrite(tiny_containers["rans"], tmp_path / "big.gguf", meta={
+        f"bitformat.tensor.{name}.shape": MetaValue(
+            ValueType.ARRAY, np.array([65536, 65536], np.uint64), ValueType.UINT64)})
+    with pytest.raises(ShapeError, match="at most") as exc:
+        open_model(bad)
+    assert name in str(exc.value) and str(bad) in str(exc.value)
+
+
+def deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tiny_gguf, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hfv") / "hf"
+    convert(tiny_gguf, out, "hf")
+    return out
+
+
+def copy_hf(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("file", ["config.json", "tokenizer.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("depth", [100, 100_000])
+def test_deep_json_is_a_clean_error(hf_folder, tmp_path, file, depth):
+    d = copy_hf(hf_folder, tmp_path / "hf")
+    obj = json.loads((d / file).read_text())
+    text = json.dumps(obj)[:-1] + f', "deep": {deep(depth)}}}'
+    (d / file).write_text(text)
+    out = one_line_error(CliRunner().invoke(main, ["inspect", str(d)]))
+    assert "nested deeper than 64 levels" in out and file in out
+
+
+def test_deep_safetensors_header_is_a_clean_error(hf_folder, tmp_path):
+    import struct
+
+    d = copy_hf(hf_folder, tmp_path / "hf")
+    st = next(d.glob("*.safetensors"))
+    blob = st.read_bytes()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = blob[8:8 + n].decode().rstrip()
+    header = header[:-1] + f', "deep": {deep(5000)}}}'
+    header += " " * (-len(header) % 8)
+    st.write_bytes(struct.pack("<Q", len(header)) + header.encode() + blob[8 + n:])
+    out = one_line_error(CliRunner().invoke(main, ["inspect", str(d)]))
+    assert "nested deeper than 64 levels" in out and st.name in out
+
+
+def test_a_billion_layers_in_config_json_is_refused_at_once(hf_folder, tmp_path):
+    import resource
+    import time
+
+    d = copy_hf(hf_folder, tmp_path / "hf")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] = 10**9
+    (d / "config.json").write_text(json.dumps(cfg))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    out = one_line_error(CliRunner().invoke(main, ["inspect", str(d)]))
+    assert "num_hidden_layers is 1000000000, more than bitformat's cap" in out
+    assert time.perf_counter() - t0 < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB

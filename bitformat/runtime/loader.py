@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..container import open_model
-from ..errors import BitformatError, RequestError
+from ..errors import BitformatError, MetadataError, RequestError
 from ..modelfile import Model
 from ..validate import model_args, validate_model
 from .backend import Backend
@@ -72,12 +72,17 @@ class LoadedModel:
             return [int(t) for t in prompt]
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer: pass token ids")
-        if chat:
-            head = [{"role": "system", "content": system}] if system else []
-            text = self.tokenizer.apply_chat_template(
-                head + [{"role": "user", "content": prompt}])
-            return self.tokenizer.encode(text, add_bos=False)
-        return self.tokenizer.encode(prompt)
+        try:
+            if chat:
+                head = [{"role": "system", "content": system}] if system else []
+                text = self.tokenizer.apply_chat_template(
+                    head + [{"role": "user", "content": prompt}])
+                return self.tokenizer.encode(text, add_bos=False)
+            return self.tokenizer.encode(prompt)
+        except MetadataError as exc:  # the file's chat template fails: name the file
+            if exc.path is not None:
+                raise
+            raise MetadataError(exc.problem, path=self.container_model.path) from None
 
     def stream_generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
                         chat: bool = False, system: str | None = None, **sampling
