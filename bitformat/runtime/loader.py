@@ -26,7 +26,7 @@ from .generate import (
     collect,
     stream_generate,
 )
-from .models import BitNet, ModelArgs
+from .models import ModelArgs, model_class
 
 BACKENDS = ("numpy", "cpu", "wgpu")
 
@@ -34,7 +34,8 @@ BACKENDS = ("numpy", "cpu", "wgpu")
 class LoadedModel:
     """A model on a backend, with its tokenizer (None if the file has none).
 
-    Attributes: ``args`` (:class:`ModelArgs`), ``net`` (:class:`BitNet`), ``backend``,
+    Attributes: ``args`` (:class:`ModelArgs`), ``net`` (a :class:`~.models.Transformer`),
+    ``backend``,
     ``tokenizer``, ``container`` (the format id of its ternary tensors),
     ``weight_bytes_per_token`` and ``last_stats`` (the last generation's timings).
     """
@@ -44,12 +45,14 @@ class LoadedModel:
         self.container_model = container
         self.backend = backend
         self.args = args
-        if backend.name == "wgpu":  # the whole model on the device, one command buffer a token
+        if backend.name == "wgpu" and args.family.id == "bitnet-2b4t" \
+                and backend.head_name == "token_embd.weight":
+            # the whole model on the device, one command buffer a token
             from .wgpu.network import WgpuBitNet
 
             self.net = WgpuBitNet(args, backend, progress=progress)
-        else:
-            self.net = BitNet(args, backend, progress=progress)
+        else:  # other families on wgpu: the shared network, op by op on the device
+            self.net = model_class(args)(args, backend, progress=progress)
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once: in
@@ -125,7 +128,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
          decode: str = "load", progress: Callable[[int, int], None] | None = None
          ) -> LoadedModel:
-    """Open a BitNet container (any format, or an HF folder) on ``backend``.
+    """Open a ternary model (any container, or an HF folder) of any family on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
     "float32" or "float64"). ``threads`` fixes the cpu backend's thread count; by default it

@@ -71,10 +71,11 @@ class NumpyBackend(Backend):
         return out
 
     def lm_head(self, h: np.ndarray) -> np.ndarray:
-        """``[T, dim] -> [T, vocab]`` against ``token_embd``, converted 4096 rows at a time."""
+        """``[T, dim] -> [T, vocab]`` against the head (``output.weight`` or the tied
+        ``token_embd``), converted 4096 rows at a time."""
         out = np.empty((h.shape[0], self.vocab), dtype=self.dtype)
         step = 4096
         for v0 in range(0, self.vocab, step):
             ids = np.arange(v0, min(self.vocab, v0 + step))
-            out[:, v0: v0 + len(ids)] = h @ self.embed(ids).T
+            out[:, v0: v0 + len(ids)] = h @ self.head_rows(ids).T
         return out

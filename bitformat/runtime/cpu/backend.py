@@ -136,15 +136,18 @@ class CpuBackend(Backend):
         self._blas = ThreadpoolController()
         self._arena = WeightArena(sum(-(-n // WeightArena.ALIGN) * WeightArena.ALIGN
                                       for n in self._arena_bytes()))
-        et = self.embed_type
+        et = self.head_type
+        tied = self.head_name == "token_embd.weight"
         if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) and file_mapping(
-                self._embed_raw) is not None:  # (a coded head was decoded into memory already)
-            self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
+                self._head_raw) is not None:  # (a coded head was decoded into memory already)
+            self._head_raw = resident_copy(self._head_raw)
+            if tied:
+                self._embed_raw = self._head_raw  # also what embed() reads
         self._lut = None
         if et == GGMLType.F32:
-            self._E = self._embed_raw.view("<f4")
+            self._E = self._head_raw.view("<f4")
         elif et in (GGMLType.F16, GGMLType.BF16):
-            self._E = self._embed_raw.view("<u2")
+            self._E = self._head_raw.view("<u2")
             self._lut = None if vnni else H.lut16(et.name)
         else:
             self._E = None  # plain_array raises a clear error in lm_head
@@ -387,17 +390,17 @@ class CpuBackend(Backend):
     # -- LM head ----------------------------------------------------------------------------------
     def lm_head(self, h: np.ndarray) -> np.ndarray:
         if self._E is None:
-            return h @ self.vector("token_embd.weight").T
+            return h @ self.vector(self.head_name).T
         x = np.ascontiguousarray(h, dtype=np.float32)
         out = np.empty((x.shape[0], self.vocab), dtype=np.float32)
         n = self._E.nbytes
-        if self.embed_type == GGMLType.F32:
+        if self.head_type == GGMLType.F32:
             self._call(H.lm_head_f32, n, self._E, x, out)
         elif self._head_tokens is not None:  # f16, bf16: the same sums for 1 row or many
-            self._call(self._head_tokens, n, self._E, x, self.embed_type == GGMLType.BF16, out)
+            self._call(self._head_tokens, n, self._E, x, self.head_type == GGMLType.BF16, out)
         elif self._lut is not None:
             self._call(H.lm_head_lut, n, self._E, self._lut, x, out)
-        elif self.embed_type == GGMLType.F16:
+        elif self.head_type == GGMLType.F16:
             self._call(H.lm_head_f16, n, self._E, x, out)
         else:
             self._call(H.lm_head_bf16, n, self._E, x, out)
