@@ -297,3 +297,42 @@ def test_greedy_tokens_agree_on_every_backend(folders, fam, tmp_path):
             tokens[be] = m.generate(PROMPTS[3], max_new_tokens=8, temperature=0,
                                     stop_ids=[]).tokens
     assert len(set(map(tuple, tokens.values()))) == 1, tokens
+
+
+# -- against transformers --------------------------------------------------------------------
+def _transformers_model(folder, fam: str):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import torch._dynamo
+
+    transformers.logging.set_verbosity_error()
+    cls = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+           "1bitllm": "BitNetForCausalLM"}[fam]
+    with torch._dynamo.config.patch(disable=True):
+        return getattr(transformers, cls).from_pretrained(str(folder),
+                                                          dtype=torch.float32).eval()
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("fam", ["llama", "qwen3", "1bitllm"])
+def test_logits_and_greedy_match_transformers(folders, fam, backend, tmp_path):
+    """Our import of each real layout against transformers' class for the family: logits to
+    1e-4 (or an int8 flip proven by injection, :func:`test_oracle_runtime.judge`), and the
+    same greedy tokens on prompts without a flip."""
+    from test_oracle_runtime import describe, hf_runs, judge
+
+    src = folders[fam]
+    ref = oracle_folder_1bitllm(src, tmp_path / "tf") if fam == "1bitllm" else src
+    model = _transformers_model(ref, fam)
+    runs = hf_runs(model, PROMPTS, 6)
+    with load(src, backend=backend) as lm:
+        verdicts = {i: judge(lm, p, r) for i, (p, r) in enumerate(zip(PROMPTS, runs,
+                                                                       strict=True))}
+        bad = {i: (f"{v.err:.3g}", v.problems) for i, v in verdicts.items() if v.problems}
+        assert not bad, f"{fam}/{backend}: {bad}; {describe(verdicts)}"
+        clean = [i for i, v in verdicts.items() if not v.flips]
+        assert len(clean) >= len(PROMPTS) // 2, describe(verdicts)
+        for i in clean:
+            got = lm.generate(PROMPTS[i], max_new_tokens=6, temperature=0, stop_ids=[]).tokens
+            assert got == runs[i].greedy, f"{fam}/{backend} prompt {i}"
