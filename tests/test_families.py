@@ -301,8 +301,9 @@ def test_greedy_tokens_agree_on_every_backend(folders, fam, tmp_path):
 
 # -- against transformers --------------------------------------------------------------------
 def _transformers_model(folder, fam: str):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    import torch
     import torch._dynamo
 
     transformers.logging.set_verbosity_error()
@@ -336,3 +337,34 @@ def test_logits_and_greedy_match_transformers(folders, fam, backend, tmp_path):
         for i in clean:
             got = lm.generate(PROMPTS[i], max_new_tokens=6, temperature=0, stop_ids=[]).tokens
             assert got == runs[i].greedy, f"{fam}/{backend} prompt {i}"
+
+
+# -- synth presets ---------------------------------------------------------------------------
+def test_synth_presets_cover_every_family():
+    from bitformat.cli import SYNTH_PRESETS
+    from bitformat.synth import PRESETS, plan
+
+    assert tuple(PRESETS) == SYNTH_PRESETS
+    assert {p.family for p in PRESETS.values()} == {"bitnet-2b4t", "bitnet-1bitllm", "llama",
+                                                   "qwen3"}
+    t = {e.name: e for e in plan("llama3-8b")}
+    assert len(t) == 2 + 32 * 9 + 1 and t["output.weight"].shape == (128256, 4096)
+    assert t["blk.31.attn_k.weight"].shape == (1024, 4096)
+    q = {e.name: e for e in plan("bonsai-8b")}
+    assert q["blk.0.attn_q.weight"].shape == (4096, 4096) and q["blk.0.attn_q_norm.weight"
+                                                                  ].shape == (128,)
+
+
+@pytest.mark.parametrize("preset", ["tiny-1bitllm", "tiny-llama", "tiny-qwen3"])
+def test_synth_tiny_family_runs_and_exports(preset, tmp_path):
+    from bitformat.synth import synth
+
+    path = synth(preset, tmp_path / "m.gguf")
+    with load(path, backend="cpu") as m:
+        assert m.args.family.id == {"tiny-1bitllm": "bitnet-1bitllm", "tiny-llama": "llama",
+                                    "tiny-qwen3": "qwen3"}[preset]
+        a = m.generate([1, 2, 3], max_new_tokens=4, temperature=0, stop_ids=[]).tokens
+    convert(path, tmp_path / "hf", "hf")
+    convert(tmp_path / "hf", tmp_path / "back.gguf", "i2_s")
+    with load(tmp_path / "back.gguf", backend="numpy") as m:
+        assert m.generate([1, 2, 3], max_new_tokens=4, temperature=0, stop_ids=[]).tokens == a
