@@ -368,3 +368,20 @@ def test_synth_tiny_family_runs_and_exports(preset, tmp_path):
     convert(tmp_path / "hf", tmp_path / "back.gguf", "i2_s")
     with load(tmp_path / "back.gguf", backend="numpy") as m:
         assert m.generate([1, 2, 3], max_new_tokens=4, temperature=0, stop_ids=[]).tokens == a
+
+
+@pytest.mark.parametrize("fam, words", [
+    ("llama", ["Llama ternary", "[llama]", "silu FFN", "no sub-norms", "permuted",
+               "untied LM head"]),
+    ("qwen3", ["Qwen3 ternary", "q/k norms", "untied LM head"]),
+    ("1bitllm", ["1bitLLM", "[bitnet-1bitllm]", "silu FFN, sub-norms"])])
+def test_inspect_names_family_and_head(folders, fam, words):
+    from click.testing import CliRunner
+
+    from bitformat.cli import main as cli
+
+    res = CliRunner().invoke(cli, ["inspect", str(folders[fam])])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.strip().startswith("family"))
+    assert all(w in line for w in words), line
+    assert "output.weight" in res.output  # the LM head line names the untied head
