@@ -252,9 +252,15 @@ def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> Non
     _show(rep, render, as_json, plot)
 
 
+#: bitformat.synth.PRESETS (named here: the CLI imports its modules lazily)
+SYNTH_PRESETS = ("tiny", "2b4t", "tiny-1bitllm", "1bitllm-large", "1bitllm-3b", "tiny-llama",
+                 "llama3-8b", "falcon3-7b", "tiny-qwen3", "bonsai-8b")
+
+
 @main.command()
-@click.option("--preset", type=click.Choice(["tiny", "2b4t"]), default="tiny",
-              show_default=True, help="Model size: tiny (tests) or 2b4t (BitNet 2B-4T).")
+@click.option("--preset", type=click.Choice(SYNTH_PRESETS), default="tiny",
+              show_default=True, help="Family and size: tiny (tests) or 2b4t (BitNet 2B-4T); "
+              "1bitllm-large/-3b, llama3-8b, falcon3-7b, bonsai-8b (Qwen3) and tiny-<family>.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Draws the weights; the same seed gives the same file on every machine and "
                    "Python version (for one release of the tokenizers package).")
@@ -265,7 +271,7 @@ def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> Non
               "(as the official 2B-4T file has them) or full-precision f16.")
 @_friendly_errors
 def synth(preset: str, seed: int, output: Path, embedding: str) -> None:
-    """Build a BitNet model with the real architecture and profile-drawn trits."""
+    """Build a ternary model with a family's real architecture and profile-drawn trits."""
     from tqdm import tqdm
 
     from .synth import synth as do_synth

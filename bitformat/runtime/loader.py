@@ -28,7 +28,7 @@ from .generate import (
     collect,
     stream_generate,
 )
-from .models import BitNet, ModelArgs, Segment
+from .models import ModelArgs, Segment, model_class
 from .sampling import Sampler
 
 BACKENDS = ("numpy", "cpu", "wgpu")
@@ -37,7 +37,8 @@ BACKENDS = ("numpy", "cpu", "wgpu")
 class LoadedModel:
     """A model on a backend, with its tokenizer (None if the file has none).
 
-    Attributes: ``args`` (:class:`ModelArgs`), ``net`` (:class:`BitNet`), ``backend``,
+    Attributes: ``args`` (:class:`ModelArgs`), ``net`` (a :class:`~.models.Transformer`),
+    ``backend``,
     ``tokenizer``, ``container`` (the format id of its ternary tensors),
     ``weight_bytes_per_token`` and ``last_stats`` (the last generation's timings).
     """
@@ -47,14 +48,16 @@ class LoadedModel:
         self.container_model = container
         self.backend = backend
         self.args = args
-        if backend.name == "wgpu":  # the whole model on the device, one command buffer a token
+        if backend.name == "wgpu" and args.family.id == "bitnet-2b4t" \
+                and backend.head_name == "token_embd.weight":
+            # the whole model on the device, one command buffer a token
             from .wgpu.network import WgpuBitNet
 
             self.net = WgpuBitNet(args, backend, progress=progress)
             # the device runs the full head (a screened one is not built for wgpu yet)
             self._head = Head(backend, head)
         else:
-            self.net = BitNet(args, backend, progress=progress, head=head)
+            self.net = model_class(args)(args, backend, progress=progress, head=head)
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once: in
@@ -166,7 +169,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
          decode: str = "load", progress: Callable[[int, int], None] | None = None,
          head: str = "screened") -> LoadedModel:
-    """Open a BitNet container (any format, or an HF folder) on ``backend``.
+    """Open a ternary model (any container, or an HF folder) of any family on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
     "float32" or "float64"). ``threads`` fixes the cpu backend's thread count; by default it

@@ -148,16 +148,19 @@ class CpuBackend(Backend):
         self._blas = ThreadpoolController()
         self._arena = WeightArena(sum(-(-n // WeightArena.ALIGN) * WeightArena.ALIGN
                                       for n in self._arena_bytes()))
-        et = self.embed_type
+        et = self.head_type
+        tied = self.head_name == "token_embd.weight"
         if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) and file_mapping(
-                self._embed_raw) is not None:  # (a coded head was decoded into memory already)
-            self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
+                self._head_raw) is not None:  # (a coded head was decoded into memory already)
+            self._head_raw = resident_copy(self._head_raw)
+            if tied:
+                self._embed_raw = self._head_raw  # also what embed() reads
         self._lut = None
         self._screen: EH.ScreenTables | None = None
         if et == GGMLType.F32:
-            self._E = self._embed_raw.view("<f4")
+            self._E = self._head_raw.view("<f4")
         elif et in (GGMLType.F16, GGMLType.BF16):
-            self._E = self._embed_raw.view("<u2")
+            self._E = self._head_raw.view("<u2")
             self._lut = None if vnni else H.lut16(et.name)
         else:
             self._E = None  # plain_array raises a clear error in lm_head
@@ -433,7 +436,7 @@ class CpuBackend(Backend):
     # -- LM head ----------------------------------------------------------------------------------
     def lm_head(self, h: np.ndarray) -> np.ndarray:
         if self._E is None:
-            return h @ self.vector("token_embd.weight").T
+            return h @ self.vector(self.head_name).T
         x = np.ascontiguousarray(h, dtype=np.float32)
         out = np.empty((x.shape[0], self.vocab), dtype=np.float32)
         self._head_into(self._E, x, out, self._E.nbytes)
@@ -442,13 +445,13 @@ class CpuBackend(Backend):
     def _head_into(self, E: np.ndarray, x: np.ndarray, out: np.ndarray, nbytes: int) -> None:
         """``out = x @ E.T`` by the head kernel of this model and build: every row's sum in the
         kernel's own order, whichever rows ``E`` holds (the screened head's rescoring)."""
-        if self.embed_type == GGMLType.F32:
+        if self.head_type == GGMLType.F32:
             self._call(H.lm_head_f32, nbytes, E, x, out)
         elif self._head_tokens is not None:  # f16, bf16: the same sums for 1 row or many
-            self._call(self._head_tokens, nbytes, E, x, self.embed_type == GGMLType.BF16, out)
+            self._call(self._head_tokens, nbytes, E, x, self.head_type == GGMLType.BF16, out)
         elif self._lut is not None:
             self._call(H.lm_head_lut, nbytes, E, self._lut, x, out)
-        elif self.embed_type == GGMLType.F16:
+        elif self.head_type == GGMLType.F16:
             self._call(H.lm_head_f16, nbytes, E, x, out)
         else:
             self._call(H.lm_head_bf16, nbytes, E, x, out)
@@ -464,7 +467,7 @@ class CpuBackend(Backend):
         tree, then the dim % 16 tail; the others are reassociated by LLVM (fastmath), so any
         tree of dim products: at most dim + 1."""
         h = self.dim
-        if self._head_tokens is not None and self.embed_type != GGMLType.F32:
+        if self._head_tokens is not None and self.head_type != GGMLType.F32:
             return h // 16 + 4 + 2 * (h % 16)
         return h + 2
 
@@ -479,7 +482,7 @@ class CpuBackend(Backend):
             scale, dn, qn, en = (np.empty(V) for _ in range(4))
             bad = np.empty(V, np.uint8)
             if E.dtype == np.uint16:
-                lut = self._lut if self._lut is not None else H.lut16(self.embed_type.name)
+                lut = self._lut if self._lut is not None else H.lut16(self.head_type.name)
                 S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad)
             else:
                 S.quantize_f32(E, codes, scale, dn, qn, en, bad)
