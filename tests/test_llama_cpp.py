@@ -171,3 +171,35 @@ def test_llama_cpp_runs_bitformats_q2_0(files):
             agreed += 1
         llm.eval([want[step]])
     assert agreed >= STEPS // 2
+
+
+TEXTS = ["Hello world, it's 2024!  Numbers 1234567 and   spaces\n\n\tTabs; (x+y)^2 <= z",
+         "Don't YOU'LL we've: déjà vu 你好 x86_64 $$$ ~~~ |pipe| `code`", "  lead and trail  ",
+         "a\r\nb\rc\n", "1 12 123 1234 12345 3.14159 <|eot_id|>"]
+
+
+@pytest.mark.filterwarnings("ignore:no tokenizer.ggml.pre")
+@pytest.mark.parametrize("pre", ["llama-bpe", "falcon3", "gpt-2", "qwen2", "falcon", "default",
+                                 None])
+def test_tokenizer_matches_llama_cpp(files, tmp_path, pre):
+    """bitformat's tokenizer and llama.cpp's give the same ids for each pre-tokenizer name
+    bitformat writes (and without the key: BitNet files mean Llama 3's, llama.cpp 'default')."""
+    from bitformat.tokenizer import Tokenizer
+
+    model, q2, _, _ = files
+    src = open_model(q2)
+    try:
+        meta = dict(src.metadata)
+        meta.pop("tokenizer.ggml.pre")
+        if pre is not None:
+            meta["tokenizer.ggml.pre"] = MetaValue.of(pre)
+        src.metadata = meta
+        out = tmp_path / "vocab.gguf"
+        write_gguf(src, out, get_format("q2_0"))
+    finally:
+        src.close()
+    llm = llama_cpp.Llama(str(out), vocab_only=True, verbose=False)
+    tok = Tokenizer(meta)  # general.architecture "bitnet": no Llama 3 assumption
+    for text in TEXTS:
+        want = llm.tokenize(text.encode(), add_bos=True, special=True)
+        assert tok.encode(text) == want, (pre, text)
