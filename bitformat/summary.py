@@ -139,6 +139,10 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
         "add_bos_token": model.get("tokenizer.ggml.add_bos_token"),
         "chat_template": model.get("tokenizer.chat_template") is not None,
     }
+    if tokenizer["model"] == "gpt2" and tokenizer["pre"] is None:
+        from .tokenizer_pre import resolve
+
+        tokenizer["pre"], tokenizer["pre_note"] = resolve(None, arch)
     summary = ModelSummary(model.path, model.container, arch, config, tokenizer)
     summary.problems = validation_problems(model)
     summary.family = _family(model)
@@ -226,6 +230,8 @@ def render(summary: ModelSummary) -> str:
                  f"{tok['merges']} merges, {tok['special_tokens']} special, bos "
                  f"{tok['bos_token_id']}, eos {tok['eos_token_id']}, chat template "
                  f"{'yes' if tok['chat_template'] else 'no'}")
+    if tok.get("pre_note"):
+        lines.append(f"                {tok['pre_note']}")
     lines.append("")
     head = (f"{'tensor':<28} {'shape':>13} {'encoding':>16} {'bytes':>11} {'bpw':>7} "
             f"{'-1':>6} {'0':>6} {'+1':>6} {'H0':>7} {'dead':>5}")

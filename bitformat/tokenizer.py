@@ -3,7 +3,9 @@
 A GGUF file carries its tokenizer as metadata::
 
     tokenizer.ggml.model             string    "gpt2" (byte-level BPE)
-    tokenizer.ggml.pre               string    "llama-bpe": the Llama-3 split regex
+    tokenizer.ggml.pre               string    llama.cpp's pre-tokenizer name: "llama-bpe" (the
+                                               Llama-3 split regex), "gpt-2", "qwen2", "falcon3",
+                                               ... (:mod:`.tokenizer_pre`)
     tokenizer.ggml.tokens            str[]     token strings, byte-level encoded (" a" -> "Ġa")
     tokenizer.ggml.token_type        i32[]     1 normal, 3 control, 4 user-defined
     tokenizer.ggml.merges            str[]     "left right", in merge-priority order
@@ -52,7 +54,6 @@ BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 MAX_TRAINED = 32768
 _RESERVED = "<|reserved_special_token_{}|>"
 _KEY = "tokenizer.ggml."
-_LLAMA3_PRE = (None, "llama-bpe", "llama3")  # a missing key means llama3, as in ik_llama.cpp
 
 
 def llama3_specials(n: int = 256) -> list[str]:
@@ -226,16 +227,22 @@ def _merge_str(m: Any) -> str:
 
 
 def _pre_tokenizer(pre: str | None):
-    from tokenizers import Regex, pre_tokenizers
+    from . import tokenizer_pre
 
-    if pre in _LLAMA3_PRE:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    if pre == "gpt2":
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    raise UnsupportedConversionError(f"pre-tokenizer {pre!r} is not supported "
-                                     "(llama-bpe or gpt2)")
+    return tokenizer_pre.build(pre if pre is not None else "llama-bpe")
+
+
+def _ignore_merges(pre: str | None) -> bool:
+    from . import tokenizer_pre
+
+    return tokenizer_pre.get(pre if pre is not None else "llama-bpe").ignore_merges
+
+
+def default_add_bos(pre: str | None) -> bool:
+    """llama.cpp's add_bos when the file does not say: true for the Llama 3 family."""
+    from . import tokenizer_pre
+
+    return tokenizer_pre.get(pre if pre is not None else "llama-bpe").add_bos
 
 
 def _build(d: BPEData, with_post_processor: bool):
@@ -251,7 +258,7 @@ def _build(d: BPEData, with_post_processor: bool):
         raise MetadataError("a merge is not two tokens separated by one space")
     try:
         tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs,
-                                     ignore_merges=d.pre in _LLAMA3_PRE))
+                                     ignore_merges=_ignore_merges(d.pre)))
         tok.pre_tokenizer = _pre_tokenizer(d.pre)
         tok.decoder = decoders.ByteLevel()
         # Types other than normal and user-defined (unknown 2, unused 5, byte 6) count as
@@ -260,7 +267,8 @@ def _build(d: BPEData, with_post_processor: bool):
                  for t, ty in zip(d.tokens, d.token_types, strict=True) if ty != TOKEN_NORMAL]
         tok.add_special_tokens([a for a in added if a.special])
         tok.add_tokens([a for a in added if not a.special])
-        if with_post_processor and d.add_bos:
+        add_bos = d.add_bos if d.add_bos is not None else default_add_bos(d.pre)
+        if with_post_processor and add_bos:
             bos = d.tokens[d.bos_id]
             tok.post_processor = processors.TemplateProcessing(
                 single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1",
@@ -289,10 +297,22 @@ class Tokenizer:
     """
 
     def __init__(self, metadata: dict[str, Any]):
+        from . import tokenizer_pre
+
         self.data = BPEData.from_metadata(metadata)
-        self._tok = _build(self.data, with_post_processor=False)
+        arch = metadata.get("general.architecture")
+        arch = arch.plain() if isinstance(arch, MetaValue) else arch
+        #: the pre-tokenizer run, and why when the file does not name one (for inspect)
+        self.pre, self.pre_note = tokenizer_pre.resolve(self.data.pre, arch)
+        if self.pre_note and self.pre == "default":
+            import warnings
+
+            warnings.warn(self.pre_note, stacklevel=2)
         d = self.data
-        self.add_bos = d.add_bos if d.add_bos is not None else d.pre in _LLAMA3_PRE
+        run = BPEData(d.tokens, d.token_types, d.merges, d.bos_id, d.eos_id, d.pad_id,
+                      d.add_bos, d.add_eos, d.chat_template, self.pre)
+        self._tok = _build(run, with_post_processor=False)
+        self.add_bos = d.add_bos if d.add_bos is not None else default_add_bos(self.pre)
         self.chat_template = d.chat_template or BITNET_CHAT_TEMPLATE
 
     @classmethod
@@ -472,15 +492,14 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _pre_name(pre: dict | None, path: str) -> str:
     """llama.cpp's pre-tokenizer name for a ``tokenizer.json`` pre_tokenizer."""
-    pre = pre or {}
-    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
-        return "gpt2"
-    if pre.get("type") == "Sequence":
-        parts = pre.get("pretokenizers", [])
-        regex = parts[0].get("pattern", {}).get("Regex") if parts else None
-        if regex == LLAMA3_PATTERN and len(parts) == 2 and parts[1].get("type") == "ByteLevel":
-            return "llama-bpe"
-    raise UnsupportedConversionError("pre-tokenizer is neither Llama 3's nor GPT-2's", path=path)
+    from . import tokenizer_pre
+
+    name = tokenizer_pre.name_of(pre)
+    if name is None:
+        raise UnsupportedConversionError(
+            "pre-tokenizer matches none llama.cpp names (llama-bpe, qwen2, gpt-2, falcon, "
+            "starcoder, default)", path=path)
+    return name
 
 
 __all__ = ["BITNET_CHAT_TEMPLATE", "BPEData", "LLAMA3_PATTERN", "Tokenizer", "corpus",
