@@ -260,3 +260,19 @@ def test_load_head_option(tiny_gguf):
     assert st["head"] == "full" and st["head_bytes_per_step"] == st["full_head_bytes"]
     with pytest.raises(Exception, match="head must be"):
         load(tiny_gguf, backend="cpu", head="int8")
+
+
+def test_long_generations_checked(cpu_models):
+    m = cpu_models["i2_s"]
+    screened, m.net.head = m.net.head, Head(m.backend, "screened", check=True)
+    try:
+        for kw in ({}, {"temperature": 0.7, "top_k": 50, "seed": 8},
+                   {"temperature": 1.0, "seed": 2, "repetition_penalty": 1.1}):
+            got = m.generate([1, 2, 3], 240, stop_ids=(), **kw).tokens
+            assert len(got) == 240
+            checked, m.net.head = m.net.head, Head(m.backend, "full")
+            assert m.generate([1, 2, 3], 240, stop_ids=(), **kw).tokens == got
+            m.net.head = checked
+        assert m.net.head.stats.steps == 240 and not m.net.head.stats.fallbacks
+    finally:
+        m.net.head = screened

@@ -265,9 +265,18 @@ class Head:
 
     def _candidates(self, lo: np.ndarray, hi: np.ndarray, s: Sampler) -> np.ndarray:
         """Rows whose exact logit this sampler may need (module docstring)."""
-        # the sampler rounds logits to float32 (monotone) and penalizes them (monotone)
-        lo = s.penalize(lo.astype(np.float32)).astype(np.float64)
-        hi = s.penalize(hi.astype(np.float32)).astype(np.float64)
+        # the sampler rounds logits to float32 and penalizes them, both monotone: the same
+        # maps on the bounds bound what it compares. Float32 logits need no rounding, so
+        # there only the penalized rows are mapped.
+        pen = s.penalized_ids()
+        if self.be.dtype != np.float32:
+            lo = s.penalize(lo.astype(np.float32)).astype(np.float64)
+            hi = s.penalize(hi.astype(np.float32)).astype(np.float64)
+        elif pen.size:
+            pen = pen[pen < lo.size]
+            lo, hi = lo.copy(), hi.copy()
+            lo[pen] = s.penalize(lo[pen].astype(np.float32), pen)
+            hi[pen] = s.penalize(hi[pen].astype(np.float32), pen)
         p, V = s.params, lo.size
         k = p.top_k if 0 < p.top_k < V else 0
         if p.greedy:
