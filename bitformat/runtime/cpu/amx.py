@@ -31,7 +31,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels import KIND_I2S, PREFETCH, _dot2_vnni, _load64, _prefetch, host_features
+from .kernels import KIND_I2S, _dot2_vnni, _load64, _prefetch, host_features
 
 #: rows of weights per A tile, and the most tokens a C tile holds
 TILE_ROWS = 16
@@ -58,12 +58,13 @@ def available() -> bool:
 
 @functools.cache
 def tile_config(ntok: int) -> np.ndarray:
-    """The 64-byte tile configuration (palette 1) for ``ntok`` tokens: tmm0, tmm1 C (16 rows
-    x ntok int32), tmm2, tmm3 A (16 x 64 u8), tmm4, tmm5 B (16 dwords x ntok)."""
+    """The 64-byte tile configuration (palette 1) for ``ntok`` tokens: tmm0..3 C (16 rows
+    x ntok int32, one per shift), tmm4, tmm5 A (16 x 64 u8), tmm6, tmm7 B (16 dwords x
+    ntok)."""
     cfg = np.zeros(64, np.uint8)
     cfg[0] = 1
     colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
-    for t, width in enumerate((4 * ntok, 4 * ntok, 64, 64, 4 * ntok, 4 * ntok)):
+    for t, width in enumerate((4 * ntok,) * 4 + (64, 64, 4 * ntok, 4 * ntok)):
         colsb[t], rows[t] = width, 16
     cfg.setflags(write=False)
     return cfg
@@ -97,8 +98,9 @@ def _fn(builder, name, args):
 def _amx_rows(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
     """For ``ngroups`` groups of 16 rows from byte ``w_off`` of ``w`` (``bpr`` bytes a row,
     ``bpr // 64`` chunks): tile sums against ``xb`` (:func:`tile_activations`) into
-    ``cout[group, 2, 16, ntok]`` int32 (the even and the odd shifts' parts). ``abuf``: a
-    4 KB scratch of this thread for the A tiles."""
+    ``cout[group, 4, 16, ntok]`` int32 (each shift's part). ``abuf``: an 8 KB scratch of
+    this thread for the A tiles (two sets: a chunk's codes are written while the tiles of
+    the chunk before are multiplied)."""
     sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, abuf, cout)
 
     def codegen(context, builder, signature, args):
@@ -130,35 +132,51 @@ def _amx_rows(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
         builder.call(ldcfg, [cptr])
         with cgutils.for_range(builder, ngroups) as grp:
             row0 = builder.add(w_off, builder.mul(grp.index, builder.mul(bpr, c(16))))
-            builder.call(zero, [tmm(0)])
-            builder.call(zero, [tmm(1)])
-            with cgutils.for_range(builder, n) as loop:
-                i64 = builder.mul(loop.index, c(64))
+            for g in range(4):
+                builder.call(zero, [tmm(g)])
+            def expand(i):  # chunk i's codes of the 16 rows into A buffer i % 2
+                i64 = builder.mul(i, c(64))
+                half = builder.mul(builder.and_(i, c(1)), c(4096))
                 for k in range(TILE_ROWS):
                     off = builder.add(builder.add(row0, builder.mul(bpr, c(k))), i64)
                     wv = _load64(builder, wptr, off)
-                    _prefetch(builder, wptr, builder.add(off, c(PREFETCH)))
+                    # the next group's bytes, in order (one line per row and chunk)
+                    _prefetch(builder, wptr, builder.add(builder.add(
+                        row0, builder.mul(bpr, c(TILE_ROWS))), builder.add(
+                        builder.mul(i, c(64 * TILE_ROWS)), c(64 * k))))
                     for g in range(4):
                         v = wv
                         if g:
                             v = builder.bitcast(builder.lshr(builder.bitcast(v, _I16x32),
                                                              ir.Constant(_I16x32, [2 * g] * 32)),
                                                 _I8x64)
-                        dst = builder.gep(aptr, [c(g * 1024 + k * 64)])
+                        dst = builder.gep(aptr, [builder.add(half, c(g * 1024 + k * 64))])
                         builder.store(builder.and_(v, three),
                                       builder.bitcast(dst, _I8x64.as_pointer()), align=64)
-                xbase = builder.mul(builder.mul(loop.index, c(4)), bsize)
+
+            def multiply(i):  # chunk i's A tiles times its B tiles
+                half = builder.mul(builder.and_(i, c(1)), c(4096))
+                xbase = builder.mul(builder.mul(i, c(4)), bsize)
                 for g in range(4):
-                    a_t, b_t = tmm(2 + g % 2), tmm(4 + g % 2)
-                    builder.call(load, [a_t, builder.gep(aptr, [c(g * 1024)]),
+                    a_t, b_t = tmm(4 + g % 2), tmm(6 + g % 2)
+                    builder.call(load, [a_t, builder.gep(aptr, [builder.add(half, c(g * 1024))]),
                                         ir.Constant(_I64, 64)])
                     builder.call(load, [b_t, builder.gep(xptr, [builder.add(
                         xbase, builder.mul(bsize, c(g)))]), bstride])
-                    builder.call(dp, [tmm(g % 2), a_t, b_t])
-            obase = builder.mul(grp.index, builder.mul(bsize, c(2)))  # 2 tiles of 16 x 4T bytes
-            builder.call(store, [tmm(0), builder.gep(optr, [obase]), bstride])
-            builder.call(store, [tmm(1), builder.gep(optr, [builder.add(obase, bsize)]),
-                                 bstride])
+                    builder.call(dp, [tmm(g), a_t, b_t])
+
+            # software-pipelined: the tiles load a chunk's codes one chunk after they were
+            # written (a tile load right after the stores waited for them: 4x slower)
+            expand(c(0))
+            with cgutils.for_range(builder, builder.sub(n, c(1))) as loop:
+                nxt = builder.add(loop.index, c(1))
+                expand(nxt)
+                multiply(loop.index)
+            multiply(builder.sub(n, c(1)))
+            obase = builder.mul(grp.index, builder.mul(bsize, c(4)))  # 4 tiles of 16 x 4T bytes
+            for g in range(4):
+                builder.call(store, [tmm(g), builder.gep(optr, [builder.add(
+                    obase, builder.mul(bsize, c(g)))]), bstride])
         builder.call(release, [])
         return context.get_dummy_value()
 
@@ -178,16 +196,20 @@ def mm2_amx_tokens(W, XG, XB, cfg, corr, s, ws, kind, out):
     for b in prange(nblocks):
         g0 = b * gpb
         ng = min(gpb, groups - g0)
-        abuf = np.empty(4 * TILE_ROWS * 64 + 64, np.uint8)
+        abuf = np.empty(8 * TILE_ROWS * 64 + 64, np.uint8)
         a0 = (64 - abuf.ctypes.data % 64) % 64  # 64-byte aligned A tiles
-        cout = np.empty((ng, 2, TILE_ROWS, T), np.int32)
+        cout = np.empty((ng, 4, TILE_ROWS, T), np.int32)
         _amx_rows(cfg, W, g0 * TILE_ROWS * bpr, bpr, ng, XB, T, abuf[a0:], cout)
+        d = np.empty(TILE_ROWS, np.int32)
         for gi in range(ng):
-            for k in range(TILE_ROWS):
-                r = (g0 + gi) * TILE_ROWS + k
-                for t in range(T):
-                    d = cout[gi, 0, k, t] + cout[gi, 1, k, t]
-                    out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+            r0 = (g0 + gi) * TILE_ROWS
+            for t in range(T):
+                for k in range(TILE_ROWS):
+                    d[k] = (cout[gi, 0, k, t] + cout[gi, 1, k, t]) + (
+                        cout[gi, 2, k, t] + cout[gi, 3, k, t]) - corr[t]
+                st = s[t]
+                for k in range(TILE_ROWS):  # vectorized: vcvtdq2ps, vdivps, vmulps
+                    out[t, r0 + k] = np.float32(d[k]) / st * ws[r0 + k]
     for r in range(groups * TILE_ROWS, rows):
         for t in range(T):
             out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]

@@ -55,6 +55,9 @@ BATCH_TOKENS = 16
 #: ik_llama.cpp's BitNet types: one scale at the start of every row (formats/iq2_bn.py).
 ROW_SCALED = ("iq2_bn", "iq1_bn")
 
+#: Rows from which RMSNorm + quantization of a batched step run on all threads.
+PAR_ROWS = 4
+
 #: encoding -> (slot layout of the activations, kernel kind); i2_s's layout is its variant.
 TWO_BIT = {"i2_s": (None, K.KIND_I2S), "stfma": ("plain", K.KIND_LOW),
            "colpack_u32": ("plain", K.KIND_COLPACK)}
@@ -279,13 +282,19 @@ class CpuBackend(Backend):
     def norm_quant(self, x: np.ndarray, gain: np.ndarray, eps: float) -> QuantizedActivations:
         x = np.ascontiguousarray(x, dtype=np.float32)
         q, s = np.empty(x.shape, np.int8), np.empty(x.shape[0], np.float32)
-        ops.norm_quant(x, gain, eps, q, s)
+        if PAR_ROWS <= x.shape[0] <= BATCH_TOKENS:
+            self._call(ops.norm_quant_rows, SERIAL_BYTES, x, gain, eps, q, s)
+        else:
+            ops.norm_quant(x, gain, eps, q, s)
         return QuantizedActivations(q, s)
 
     def glu_norm_quant(self, gate: np.ndarray, up: np.ndarray, gain: np.ndarray,
                        eps: float) -> QuantizedActivations:
         q, s = np.empty(gate.shape, np.int8), np.empty(gate.shape[0], np.float32)
-        ops.glu_norm_quant(gate, up, gain, eps, q, s)
+        if PAR_ROWS <= gate.shape[0] <= BATCH_TOKENS:
+            self._call(ops.glu_norm_quant_rows, SERIAL_BYTES, gate, up, gain, eps, q, s)
+        else:
+            ops.glu_norm_quant(gate, up, gain, eps, q, s)
         return QuantizedActivations(q, s)
 
     def attend(self, q, k, v, kc, vc, start, cos, sin):
