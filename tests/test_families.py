@@ -34,7 +34,7 @@ from test_hf import bf16_bytes, st_tensors, st_write  # noqa: E402
 
 from bitformat import convert, open_model  # noqa: E402
 from bitformat.errors import ScaleLossError  # noqa: E402
-from bitformat.formats import FORMAT_IDS  # noqa: E402
+from bitformat.formats import FORMAT_IDS, get_format  # noqa: E402
 from bitformat.runtime import load  # noqa: E402
 
 HIDDEN, FF, HEADS, KV, LAYERS, VOCAB = 256, 512, 4, 2, 2, 512
@@ -263,7 +263,7 @@ def test_1bitllm_exports_as_packed_bitnet_and_round_trips(folders, tmp_path):
     names = set(st_tensors(tmp_path / "hf" / "model.safetensors"))
     assert "model.layers.0.self_attn.attn_sub_norm.weight" in names and "lm_head.weight" in names
     for fid in FORMAT_IDS:
-        if fid in ("tq2_0", "tq1_0"):  # absmean scales are not f16-exact: refused, clearly
+        if get_format(fid).scale_dtype == "f16":  # absmean scales are not f16-exact: refused
             with pytest.raises(ScaleLossError, match="allow-scale-rounding"):
                 convert(tmp_path / "hf", tmp_path / f"n.{fid}", fid)
             continue

@@ -406,9 +406,23 @@ def run_subprocess(args: list[str]) -> tuple[str, str]:
 
 
 # -- workers -----------------------------------------------------------------------------------
-def worker(conn, base_dir: str, subprocess_every: int) -> None:
+def _peak_rss_mib() -> int:
+    """This process's peak resident memory since it started (``VmHWM``). Not ``ru_maxrss``:
+    Linux carries that over the exec of a spawned worker, so a worker started by a big parent
+    (a pytest process that ran large models) would report the parent's peak as its own."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
     import resource
 
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
+def worker(conn, base_dir: str, subprocess_every: int) -> None:
     _limit_memory()
     os.environ.pop("BITFORMAT_DEBUG", None)
     work = Path(tempfile.mkdtemp(prefix="fuzzcase-"))
@@ -427,7 +441,7 @@ def worker(conn, base_dir: str, subprocess_every: int) -> None:
             via_sub = subprocess_every > 0 and i % subprocess_every == 0
             outcome, line = (run_subprocess if via_sub else run_in_process)(args)
             conn.send((i, outcome, what, f"{' '.join(args[:1])}: {line}", via_sub,
-                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
+                       _peak_rss_mib()))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

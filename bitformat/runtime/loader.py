@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..container import open_model
+from ..container import open_model, require_ternary
 from ..errors import BitformatError, MetadataError, RequestError
 from ..modelfile import Model
 from ..validate import model_args, validate_model
@@ -197,6 +197,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         raise RequestError(f"the {backend} backend does not run in {dtype}")
     container = open_model(path, i2s_variant=i2s_variant)
     try:
+        require_ternary(container)  # a float model that is not BitNet: say so, not its shapes
         args: ModelArgs = model_args(container)
         # every tensor the architecture needs, with the shape its config implies, and config
         # values in range: the kernels below only ever see validated shapes
