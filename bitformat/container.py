@@ -35,7 +35,8 @@ from .ternary import TernaryTensor
 
 CONTAINER_VERSION = 1
 TENSOR_KEY = "bitformat.tensor.{name}.{field}"
-NATIVE_TYPES = {GGMLType.I2_S: "i2_s", GGMLType.TQ2_0: "tq2_0", GGMLType.TQ1_0: "tq1_0"}
+NATIVE_TYPES = {GGMLType.I2_S: "i2_s", GGMLType.TQ2_0: "tq2_0", GGMLType.TQ1_0: "tq1_0",
+                GGMLType.Q2_0: "q2_0", GGMLType.IQ2_BN: "iq2_bn", GGMLType.IQ1_BN: "iq1_bn"}
 
 #: GGUF names of the seven ternary projections of a BitNet block.
 TERNARY_NAME = re.compile(

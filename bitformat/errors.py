@@ -87,6 +87,11 @@ class RequestError(BitformatError, ValueError):
     vocabulary, unknown backend, bad sampling parameters)."""
 
 
+class ChatTemplateError(RequestError):
+    """A model's chat template is not valid Jinja, fails to render, or refuses the conversation
+    (``raise_exception`` in the template, e.g. roles that do not alternate)."""
+
+
 class UnavailableError(BitformatError, RuntimeError):
     """A request cannot be taken now: the server is busy (its queue is full) or stopping."""
 

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .errors import BitformatError
+from .families import family_of
 from .modelfile import Model, TensorEntry
 
 
@@ -38,6 +40,7 @@ class ModelSummary:
     #: what validation found (:mod:`bitformat.validate`): {"level", "tensor", "message"};
     #: level "error" means ``run`` and ``convert`` refuse the file
     problems: list = field(default_factory=list)
+    family: dict = field(default_factory=dict)  # id, title, activation, sub_norms, ...
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -102,6 +105,16 @@ def validation_problems(model: Model) -> list[dict]:
         return [{"level": "error", "tensor": exc.tensor, "message": exc.problem}]
     return [{"level": p.level, "tensor": p.tensor, "message": p.message}
             for p in check_model(model, args, values="warning")]
+def _family(model: Model) -> dict:
+    """The model family (:mod:`bitformat.families`) and its switches, or why none fits."""
+    try:
+        f = family_of({k: v.plain() for k, v in model.metadata.items()
+                       if not k.startswith("tokenizer.")})
+    except BitformatError as e:
+        return {"id": None, "title": str(e)}
+    return {"id": f.id, "title": f.title, "activation": f.activation,
+            "sub_norms": f.sub_norms, "qk_norm": f.qk_norm, "permuted_qk": f.permuted_qk,
+            "head": "untied" if _head_name(model) == "output.weight" else "tied"}
 
 
 def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = None
@@ -126,8 +139,13 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
         "add_bos_token": model.get("tokenizer.ggml.add_bos_token"),
         "chat_template": model.get("tokenizer.chat_template") is not None,
     }
+    if tokenizer["model"] == "gpt2" and tokenizer["pre"] is None:
+        from .tokenizer_pre import resolve
+
+        tokenizer["pre"], tokenizer["pre_note"] = resolve(None, arch)
     summary = ModelSummary(model.path, model.container, arch, config, tokenizer)
     summary.problems = validation_problems(model)
+    summary.family = _family(model)
     ternary_bytes = ternary_weights = embed_bytes = embed_row = other_bytes = 0
     total_bytes = 0
     counts = np.zeros(3, dtype=np.int64)
@@ -196,6 +214,15 @@ def render(summary: ModelSummary) -> str:
     """A plain-text report for a terminal."""
     lines = [f"{summary.path}", f"  container     {summary.container}",
              f"  architecture  {summary.architecture}"]
+    fam = summary.family
+    if fam.get("id"):
+        parts = [f"{fam['activation']} FFN", "sub-norms" if fam["sub_norms"] else
+                 "no sub-norms"] + (["q/k norms"] if fam["qk_norm"] else []) + (
+            ["q/k rows permuted (llama.cpp)"] if fam["permuted_qk"] else []) + [
+            f"{fam['head']} LM head"]
+        lines.append(f"  family        {fam['title']} [{fam['id']}]: {', '.join(parts)}")
+    elif fam:
+        lines.append(f"  family        none: {fam['title']}")
     for k, v in summary.config.items():
         lines.append(f"  {k:<34} {v:.7g}" if isinstance(v, float) else f"  {k:<34} {v}")
     tok = summary.tokenizer
@@ -203,6 +230,8 @@ def render(summary: ModelSummary) -> str:
                  f"{tok['merges']} merges, {tok['special_tokens']} special, bos "
                  f"{tok['bos_token_id']}, eos {tok['eos_token_id']}, chat template "
                  f"{'yes' if tok['chat_template'] else 'no'}")
+    if tok.get("pre_note"):
+        lines.append(f"                {tok['pre_note']}")
     lines.append("")
     head = (f"{'tensor':<28} {'shape':>13} {'encoding':>16} {'bytes':>11} {'bpw':>7} "
             f"{'-1':>6} {'0':>6} {'+1':>6} {'H0':>7} {'dead':>5}")

@@ -3,7 +3,9 @@
 A GGUF file carries its tokenizer as metadata::
 
     tokenizer.ggml.model             string    "gpt2" (byte-level BPE)
-    tokenizer.ggml.pre               string    "llama-bpe": the Llama-3 split regex
+    tokenizer.ggml.pre               string    llama.cpp's pre-tokenizer name: "llama-bpe" (the
+                                               Llama-3 split regex), "gpt-2", "qwen2", "falcon3",
+                                               ... (:mod:`.tokenizer_pre`)
     tokenizer.ggml.tokens            str[]     token strings, byte-level encoded (" a" -> "Ġa")
     tokenizer.ggml.token_type        i32[]     1 normal, 3 control, 4 user-defined
     tokenizer.ggml.merges            str[]     "left right", in merge-priority order
@@ -11,7 +13,7 @@ A GGUF file carries its tokenizer as metadata::
     tokenizer.ggml.eos_token_id      u32
     tokenizer.ggml.padding_token_id  u32
     tokenizer.ggml.add_bos_token     bool
-    tokenizer.chat_template          string    a Jinja template (rendered here in pure Python)
+    tokenizer.chat_template          string    a Jinja template (see :mod:`.chat_template`)
 
 :class:`Tokenizer` runs such a tokenizer with the ``tokenizers`` package; :func:`to_hf_files`
 and :func:`from_hf_files` convert it to and from a Hugging Face tokenizer folder. Every token
@@ -37,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .chat_template import BITNET_CHAT_TEMPLATE, render_chat
 from .constants import ValueType
 from .errors import BitformatError, MetadataError, UnsupportedConversionError
 from .gguf_io import MetaValue
@@ -45,21 +48,12 @@ from .gguf_io import MetaValue
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-#: ``chat_template`` of microsoft/bitnet-b1.58-2B-4T (tokenizer_config.json).
-BITNET_CHAT_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = message['role'] | capitalize + ': '+ message['content'] | trim + "
-    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
-    "{% endif %}{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}")
-
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4  # llama.cpp's llama_token_type
 
 BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 MAX_TRAINED = 32768
 _RESERVED = "<|reserved_special_token_{}|>"
 _KEY = "tokenizer.ggml."
-_LLAMA3_PRE = (None, "llama-bpe", "llama3")  # a missing key means llama3, as in ik_llama.cpp
 
 
 def llama3_specials(n: int = 256) -> list[str]:
@@ -233,16 +227,22 @@ def _merge_str(m: Any) -> str:
 
 
 def _pre_tokenizer(pre: str | None):
-    from tokenizers import Regex, pre_tokenizers
+    from . import tokenizer_pre
 
-    if pre in _LLAMA3_PRE:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    if pre == "gpt2":
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    raise UnsupportedConversionError(f"pre-tokenizer {pre!r} is not supported "
-                                     "(llama-bpe or gpt2)")
+    return tokenizer_pre.build(pre if pre is not None else "llama-bpe")
+
+
+def _ignore_merges(pre: str | None) -> bool:
+    from . import tokenizer_pre
+
+    return tokenizer_pre.get(pre if pre is not None else "llama-bpe").ignore_merges
+
+
+def default_add_bos(pre: str | None) -> bool:
+    """llama.cpp's add_bos when the file does not say: true for the Llama 3 family."""
+    from . import tokenizer_pre
+
+    return tokenizer_pre.get(pre if pre is not None else "llama-bpe").add_bos
 
 
 def _build(d: BPEData, with_post_processor: bool):
@@ -258,7 +258,7 @@ def _build(d: BPEData, with_post_processor: bool):
         raise MetadataError("a merge is not two tokens separated by one space")
     try:
         tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs,
-                                     ignore_merges=d.pre in _LLAMA3_PRE))
+                                     ignore_merges=_ignore_merges(d.pre)))
         tok.pre_tokenizer = _pre_tokenizer(d.pre)
         tok.decoder = decoders.ByteLevel()
         # Types other than normal and user-defined (unknown 2, unused 5, byte 6) count as
@@ -267,7 +267,8 @@ def _build(d: BPEData, with_post_processor: bool):
                  for t, ty in zip(d.tokens, d.token_types, strict=True) if ty != TOKEN_NORMAL]
         tok.add_special_tokens([a for a in added if a.special])
         tok.add_tokens([a for a in added if not a.special])
-        if with_post_processor and d.add_bos:
+        add_bos = d.add_bos if d.add_bos is not None else default_add_bos(d.pre)
+        if with_post_processor and add_bos:
             bos = d.tokens[d.bos_id]
             tok.post_processor = processors.TemplateProcessing(
                 single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1",
@@ -296,10 +297,22 @@ class Tokenizer:
     """
 
     def __init__(self, metadata: dict[str, Any]):
+        from . import tokenizer_pre
+
         self.data = BPEData.from_metadata(metadata)
-        self._tok = _build(self.data, with_post_processor=False)
+        arch = metadata.get("general.architecture")
+        arch = arch.plain() if isinstance(arch, MetaValue) else arch
+        #: the pre-tokenizer run, and why when the file does not name one (for inspect)
+        self.pre, self.pre_note = tokenizer_pre.resolve(self.data.pre, arch)
+        if self.pre_note and self.pre == "default":
+            import warnings
+
+            warnings.warn(self.pre_note, stacklevel=2)
         d = self.data
-        self.add_bos = d.add_bos if d.add_bos is not None else d.pre in _LLAMA3_PRE
+        run = BPEData(d.tokens, d.token_types, d.merges, d.bos_id, d.eos_id, d.pad_id,
+                      d.add_bos, d.add_eos, d.chat_template, self.pre)
+        self._tok = _build(run, with_post_processor=False)
+        self.add_bos = d.add_bos if d.add_bos is not None else default_add_bos(self.pre)
         self.chat_template = d.chat_template or BITNET_CHAT_TEMPLATE
 
     @classmethod
@@ -352,44 +365,9 @@ class Tokenizer:
         """The conversation as prompt text, rendered from the file's chat template."""
         return render_chat(self.chat_template, messages, add_generation_prompt,
                            bos_token=self.data.tokens[self.data.bos_id],
-                           eos_token=self.data.tokens[self.data.eos_id])
-
-
-def render_chat(template: str, messages: list[dict], add_generation_prompt: bool = True, *,
-                bos_token: str = BOS, eos_token: str = EOS) -> str:
-    """Render a chat template without Jinja for the BitNet templates.
-
-    The BitNet 2B-4T template (with or without its leading bos) is rendered in plain Python:
-    ``bos + "Role: content<|eot_id|>"`` per message (role capitalised, content stripped, as
-    Jinja's ``capitalize`` and ``trim`` do), then ``"Assistant: "``. Any other template needs
-    the ``jinja2`` package.
-    """
-    no_bos = BITNET_CHAT_TEMPLATE.replace(
-        "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}", "")
-    if template in (BITNET_CHAT_TEMPLATE, no_bos):
-        parts = [f"{m['role'].capitalize()}: {m['content'].strip()}{EOT}" for m in messages]
-        if parts and template == BITNET_CHAT_TEMPLATE:
-            parts[0] = bos_token + parts[0]
-        return "".join(parts) + ("Assistant: " if add_generation_prompt else "")
-    try:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise UnsupportedConversionError("this chat template needs the jinja2 package") from None
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    try:
-        return _render(env, template, messages, add_generation_prompt, bos_token, eos_token)
-    except MemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the template is the file's code: any failure
-        raise MetadataError(f"the chat template fails: {type(exc).__name__}: "
-                            f"{str(exc)[:120]}") from None
-
-
-def _render(env, template: str, messages: list[dict], add_generation_prompt: bool,
-            bos_token: str, eos_token: str) -> str:
-    return env.from_string(template).render(messages=messages, bos_token=bos_token,
-                                            eos_token=eos_token,
-                                            add_generation_prompt=add_generation_prompt)
+                           eos_token=self.data.tokens[self.data.eos_id],
+                           pad_token=None if self.data.pad_id is None else
+                           self.data.tokens[self.data.pad_id])
 
 
 # -- Hugging Face files -----------------------------------------------------------------------
@@ -514,15 +492,14 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _pre_name(pre: dict | None, path: str) -> str:
     """llama.cpp's pre-tokenizer name for a ``tokenizer.json`` pre_tokenizer."""
-    pre = pre or {}
-    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
-        return "gpt2"
-    if pre.get("type") == "Sequence":
-        parts = pre.get("pretokenizers", [])
-        regex = parts[0].get("pattern", {}).get("Regex") if parts else None
-        if regex == LLAMA3_PATTERN and len(parts) == 2 and parts[1].get("type") == "ByteLevel":
-            return "llama-bpe"
-    raise UnsupportedConversionError("pre-tokenizer is neither Llama 3's nor GPT-2's", path=path)
+    from . import tokenizer_pre
+
+    name = tokenizer_pre.name_of(pre)
+    if name is None:
+        raise UnsupportedConversionError(
+            "pre-tokenizer matches none llama.cpp names (llama-bpe, qwen2, gpt-2, falcon, "
+            "starcoder, default)", path=path)
+    return name
 
 
 __all__ = ["BITNET_CHAT_TEMPLATE", "BPEData", "LLAMA3_PATTERN", "Tokenizer", "corpus",

@@ -79,20 +79,31 @@ BITNET_PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "
 
 
 def bitnet_tensors(args: Any) -> list[TensorSpec]:
-    """BitNet b1.58's tensors (tied LM head; optional per-projection ``.scale`` tensors of
-    upstream llama.cpp's "bitnet" files)."""
-    h, f = args.dim, args.hidden_dim
-    q, kv = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+    """The tensors of every family's decoder (:mod:`bitformat.families`): token embedding,
+    per layer the two pre-norms, the sub-norms (BitNet) or q/k norms (Qwen3) where the family
+    has them, seven ternary projections (optional per-projection ``.scale`` tensors of upstream
+    llama.cpp's "bitnet" files), the final norm, and an untied ``output.weight`` where the file
+    has one (else the embedding is the LM head)."""
+    fam = getattr(args, "family", None)
+    sub_norms = getattr(fam, "sub_norms", True)
+    qk_norm = getattr(fam, "qk_norm", False)
+    h, f, hd = args.dim, args.hidden_dim, args.head_dim
+    q, kv = args.n_heads * hd, args.n_kv_heads * hd
     out = [TensorSpec("token_embd.weight", (args.vocab_size, h), "embedding"),
-           TensorSpec("output_norm.weight", (h,), "norm")]
+           TensorSpec("output_norm.weight", (h,), "norm"),
+           TensorSpec("output.weight", (args.vocab_size, h), "embedding", required=False)]
     proj = {"attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q),
             "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f)}
     for i in range(args.n_layers):
         p = f"blk.{i}."
         out += [TensorSpec(p + "attn_norm.weight", (h,), "norm"),
-                TensorSpec(p + "attn_sub_norm.weight", (h,), "norm"),
-                TensorSpec(p + "ffn_norm.weight", (h,), "norm"),
-                TensorSpec(p + "ffn_sub_norm.weight", (f,), "norm")]
+                TensorSpec(p + "ffn_norm.weight", (h,), "norm")]
+        if sub_norms:
+            out += [TensorSpec(p + "attn_sub_norm.weight", (q,), "norm"),
+                    TensorSpec(p + "ffn_sub_norm.weight", (f,), "norm")]
+        if qk_norm:
+            out += [TensorSpec(p + "attn_q_norm.weight", (hd,), "norm"),
+                    TensorSpec(p + "attn_k_norm.weight", (hd,), "norm")]
         out += [TensorSpec(f"{p}{n}.weight", s, "ternary") for n, s in proj.items()]
         out += [TensorSpec(f"{p}{n}.scale", (1,), "scale", required=False) for n in proj]
     return out
@@ -100,7 +111,7 @@ def bitnet_tensors(args: Any) -> list[TensorSpec]:
 
 #: GGUF architecture -> its tensor list, for args objects without a ``tensor_specs()``.
 FAMILIES: dict[str, Callable[[Any], list[TensorSpec]]] = {
-    arch: bitnet_tensors for arch in ("bitnet-b1.58", "bitnet-25", "bitnet")}
+    arch: bitnet_tensors for arch in ("bitnet-b1.58", "bitnet-25", "bitnet", "llama", "qwen3")}
 
 
 def tensor_specs(args: Any) -> list[TensorSpec] | None:
