@@ -10,7 +10,8 @@ BitformatError` that names the file and the tensor, and returns the warnings.
 
 A model family declares its tensors: either its args object has a ``tensor_specs()`` method,
 or a function registered in :data:`FAMILIES` under its GGUF architecture names returns them
-(:func:`bitnet_tensors` for BitNet b1.58). The runtime's kernels then only ever see shapes
+(:func:`family_tensors` for every family of :mod:`bitformat.families`, from the block tensor
+names each family lists). The runtime's kernels then only ever see shapes
 that agree with the config they are run with.
 
 What is an error and what a warning (docs/reliability.md, "Validation"):
@@ -53,7 +54,8 @@ EMBED_FLOATS = ("F32", "F16", "BF16")  # what the LM-head kernels read
 class TensorSpec:
     """One tensor a family needs: GGUF name, numpy shape and kind ("ternary": a projection;
     "norm": a float gain vector; "embedding": the float token embedding, also the tied LM
-    head; "scale": a one-value float tensor), and whether the model must have it."""
+    head; "head": an untied LM head, shape checked only; "scale": a one-value float tensor),
+    and whether the model must have it."""
 
     name: str
     shape: tuple[int, ...]
@@ -74,44 +76,49 @@ class Problem:
         return f"tensor {self.tensor!r}: {self.message}" if self.tensor else self.message
 
 
-BITNET_PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
-                      "ffn_down")
+def family_tensors(args: Any) -> list[TensorSpec]:
+    """The tensors of a model of ``args.family`` (:mod:`bitformat.families`; BitNet 2B-4T
+    when the args carry none): every name of its blocks with the shape the config implies,
+    the embedding, the final norm, an optional untied ``output.weight`` and the optional
+    per-projection ``.scale`` tensors of upstream llama.cpp's "bitnet" files."""
+    from .families import BITNET_2B4T
+
+    family = getattr(args, "family", None) or BITNET_2B4T
+    h, f, d = args.dim, args.hidden_dim, args.head_dim
+    q, kv = args.n_heads * d, args.n_kv_heads * d
+    shapes = {"attn_norm": ((h,), "norm"), "ffn_norm": ((h,), "norm"),
+              "attn_sub_norm": ((q,), "norm"), "ffn_sub_norm": ((f,), "norm"),
+              "attn_q_norm": ((d,), "norm"), "attn_k_norm": ((d,), "norm"),
+              "attn_q": ((q, h), "ternary"), "attn_k": ((kv, h), "ternary"),
+              "attn_v": ((kv, h), "ternary"), "attn_output": ((h, q), "ternary"),
+              "ffn_gate": ((f, h), "ternary"), "ffn_up": ((f, h), "ternary"),
+              "ffn_down": ((h, f), "ternary")}
+    block = [n for n in family.block_tensors() if n in shapes]
+    out = [TensorSpec("token_embd.weight", (args.vocab_size, h), "embedding"),
+           TensorSpec("output_norm.weight", (h,), "norm"),
+           TensorSpec("output.weight", (args.vocab_size, h), "head", required=False)]
+    for i in range(args.n_layers):
+        p = f"blk.{i}."
+        out += [TensorSpec(f"{p}{n}.weight", *shapes[n]) for n in block]
+        out += [TensorSpec(f"{p}{n}.scale", (1,), "scale", required=False)
+                for n in block if shapes[n][1] == "ternary"]
+    return out
 
 
 def bitnet_tensors(args: Any) -> list[TensorSpec]:
-    """The tensors of every family's decoder (:mod:`bitformat.families`): token embedding,
-    per layer the two pre-norms, the sub-norms (BitNet) or q/k norms (Qwen3) where the family
-    has them, seven ternary projections (optional per-projection ``.scale`` tensors of upstream
-    llama.cpp's "bitnet" files), the final norm, and an untied ``output.weight`` where the file
-    has one (else the embedding is the LM head)."""
-    fam = getattr(args, "family", None)
-    sub_norms = getattr(fam, "sub_norms", True)
-    qk_norm = getattr(fam, "qk_norm", False)
-    h, f, hd = args.dim, args.hidden_dim, args.head_dim
-    q, kv = args.n_heads * hd, args.n_kv_heads * hd
-    out = [TensorSpec("token_embd.weight", (args.vocab_size, h), "embedding"),
-           TensorSpec("output_norm.weight", (h,), "norm"),
-           TensorSpec("output.weight", (args.vocab_size, h), "embedding", required=False)]
-    proj = {"attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q),
-            "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f)}
-    for i in range(args.n_layers):
-        p = f"blk.{i}."
-        out += [TensorSpec(p + "attn_norm.weight", (h,), "norm"),
-                TensorSpec(p + "ffn_norm.weight", (h,), "norm")]
-        if sub_norms:
-            out += [TensorSpec(p + "attn_sub_norm.weight", (q,), "norm"),
-                    TensorSpec(p + "ffn_sub_norm.weight", (f,), "norm")]
-        if qk_norm:
-            out += [TensorSpec(p + "attn_q_norm.weight", (hd,), "norm"),
-                    TensorSpec(p + "attn_k_norm.weight", (hd,), "norm")]
-        out += [TensorSpec(f"{p}{n}.weight", s, "ternary") for n, s in proj.items()]
-        out += [TensorSpec(f"{p}{n}.scale", (1,), "scale", required=False) for n in proj]
-    return out
+    """BitNet b1.58 2B-4T's tensors (tied LM head)."""
+    return family_tensors(args)
+
+
+def _architectures() -> tuple[str, ...]:
+    from .families import ARCHITECTURES
+
+    return ARCHITECTURES
 
 
 #: GGUF architecture -> its tensor list, for args objects without a ``tensor_specs()``.
 FAMILIES: dict[str, Callable[[Any], list[TensorSpec]]] = {
-    arch: bitnet_tensors for arch in ("bitnet-b1.58", "bitnet-25", "bitnet", "llama", "qwen3")}
+    arch: family_tensors for arch in _architectures()}
 
 
 def tensor_specs(args: Any) -> list[TensorSpec] | None:
@@ -141,7 +148,7 @@ def check_args(args: Any) -> list[Problem]:
             err(f"config {key} is {v!r}: must be an integer from 1 to {cap}")
     if bad:
         return bad
-    if args.dim % args.n_heads:
+    if args.dim % args.n_heads and not getattr(args, "key_length", 0):
         err(f"hidden size {args.dim} is not a multiple of {args.n_heads} heads")
     elif args.n_heads % args.n_kv_heads:
         err(f"{args.n_heads} attention heads do not group into {args.n_kv_heads} kv heads")
@@ -173,6 +180,10 @@ def _check_entry(model: Model, spec: TensorSpec, e: TensorEntry) -> list[Problem
     def err(msg: str) -> None:
         bad.append(Problem("error", spec.name, msg))
 
+    if spec.kind == "head":  # an untied LM head: its shape only (types vary by family)
+        if tuple(e.shape) != spec.shape:
+            err(f"shape {_dims(e.shape)} but the config implies {_dims(spec.shape)}")
+        return bad
     if spec.kind == "ternary":
         if not e.ternary:
             err(f"must be a ternary matrix, found {e.encoding}")
@@ -263,7 +274,7 @@ def check_model(model: Model, args: Any, *, values: str = "error") -> list[Probl
             continue
         found = _check_entry(model, spec, e)
         bad += found
-        if found or values == "skip" or spec.kind == "ternary":
+        if found or values == "skip" or spec.kind in ("ternary", "head"):
             continue
         n = _nonfinite(model, spec.name, bool(e.coding))
         if n:

@@ -344,3 +344,32 @@ def test_a_billion_layers_in_config_json_is_refused_at_once(hf_folder, tmp_path)
     assert "num_hidden_layers is 1000000000, more than bitformat's cap" in out
     assert time.perf_counter() - t0 < 5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB
+
+
+def test_every_family_declares_its_block_tensors():
+    """The validator's table comes from bitformat/families.py: Qwen3 has q/k norms of one
+    head, Llama no sub-norms, BitNet both sub-norms; an untied output.weight is optional."""
+    from dataclasses import replace
+
+    from bitformat.families import BITNET_2B4T, LLAMA, QWEN3
+    from bitformat.runtime.models import ModelArgs
+
+    base = ModelArgs(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=512,
+                     vocab_size=1000)
+    for family, has, lacks in ((QWEN3, {"attn_q_norm": (64,), "attn_k_norm": (64,)},
+                                ("attn_sub_norm", "ffn_sub_norm")),
+                               (LLAMA, {"attn_norm": (256,)}, ("attn_sub_norm", "attn_q_norm")),
+                               (BITNET_2B4T, {"ffn_sub_norm": (512,), "attn_sub_norm": (256,)},
+                                ("attn_q_norm",))):
+        specs = {s.name: s for s in tensor_specs(replace(base, arch=family.arch,
+                                                         family=family))}
+        for n, shape in has.items():
+            assert specs[f"blk.1.{n}.weight"].shape == shape, family.id
+        for n in lacks:
+            assert f"blk.0.{n}.weight" not in specs, family.id
+        assert specs["blk.1.ffn_down.weight"].shape == (256, 512)
+        assert not specs["output.weight"].required
+    wide = replace(base, arch="qwen3", family=QWEN3, key_length=128)  # head size != dim / heads
+    specs = {s.name: s for s in tensor_specs(wide)}
+    assert specs["blk.0.attn_q.weight"].shape == (512, 256)
+    assert specs["blk.0.attn_output.weight"].shape == (256, 512)
