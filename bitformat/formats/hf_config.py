@@ -24,6 +24,7 @@ packs (integers in range), else :class:`MetadataError`.
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Iterable
@@ -142,7 +143,9 @@ class Hyper:
 
 def _need(src: dict[str, Any], key: str, kind: type, where: str, default: Any = None) -> Any:
     v = src.get(key, default)
-    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v > 0
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v) if abs(v) < 2**1000 else float("inf")  # a JSON integer as a float
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
           if kind is float else isinstance(v, int) and not isinstance(v, bool) and v > 0)
     if not ok:
         raise MetadataError(f"{key} must be a positive {kind.__name__}, got {v!r}", path=where)
@@ -171,6 +174,24 @@ def hyper_from_config(cfg: dict[str, Any], where: str) -> Hyper:
     if heads % kv:
         raise MetadataError(f"{heads} attention heads do not group into {kv} kv heads",
                             path=where)
+    return bounded(h, where)
+
+
+def bounded(h: Hyper, where: str) -> Hyper:
+    """Refuse sizes beyond bitformat's caps (bitformat/validate.py) before anything is sized
+    from them: ``num_hidden_layers: 1000000000`` must not build a billion-entry table."""
+    from ..validate import MAX_CONTEXT, MAX_DIM, MAX_HEADS, MAX_LAYERS, MAX_VOCAB
+
+    for what, v, cap in (("vocab_size", h.vocab, MAX_VOCAB), ("hidden_size", h.hidden, MAX_DIM),
+                         ("intermediate_size", h.ff, MAX_DIM),
+                         ("num_hidden_layers", h.layers, MAX_LAYERS),
+                         ("num_attention_heads", h.heads, MAX_HEADS),
+                         ("num_key_value_heads", h.kv_heads, MAX_HEADS),
+                         ("head_dim", h.head_dim, MAX_DIM),
+                         ("max_position_embeddings", h.context, MAX_CONTEXT)):
+        if v > cap:
+            raise MetadataError(f"{what} is {v}, more than bitformat's cap of {cap}",
+                                path=where)
     return h
 
 
@@ -180,14 +201,14 @@ def hyper_from_metadata(meta: dict[str, MetaValue], arch: str, rows: int, where:
     heads = _need(src, "attention.head_count", int, where)
     hidden = _need(src, "embedding_length", int, where)
     hd = src.get("attention.key_length", hidden // heads)
-    return Hyper(
+    return bounded(Hyper(
         _need(src, "vocab_size", int, where, rows), hidden,
         _need(src, "feed_forward_length", int, where), _need(src, "block_count", int, where),
         heads, _need(src, "attention.head_count_kv", int, where, heads),
         _need(src, "rope.dimension_count", int, where, hd),
         _need(src, "context_length", int, where, 2048),
         _need(src, "attention.layer_norm_rms_epsilon", float, where),
-        _need(src, "rope.freq_base", float, where, 10000.0), family)  # llama.cpp's default
+        _need(src, "rope.freq_base", float, where, 10000.0), family), where)  # llama.cpp's default
 
 
 def _f32(x: float) -> float:

@@ -21,7 +21,7 @@ from ..modelfile import Model
 from ..ternary import TernaryTensor
 
 #: Ternary encodings whose bytes a backend can read row by row.
-ROW_FORMATS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32")
+ROW_FORMATS = ("i2_s", "tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "stfma", "colpack_u32")
 
 
 @dataclass
@@ -217,7 +217,7 @@ class Backend:
         return rows_as_float(self.embed_type, rows.reshape(-1), (len(tokens), self.dim),
                              self.dtype)
 
-    def head_rows(self, ids: np.ndarray) -> np.ndarray:
+    def head_weights(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` of the LM head as ``[len(ids), dim]`` floats."""
         rows = self._head_raw[ids]
         return rows_as_float(self.head_type, rows.reshape(-1), (len(ids), self.dim), self.dtype)

@@ -14,7 +14,7 @@ import numpy as np
 from ...errors import MetadataError, RequestError, UnsupportedConversionError
 from ...families import ARCHITECTURES, BITNET_2B4T, Family, family_of, hf_family
 from ..backend import Backend, QuantizedActivations, quantize_activations, relu2_glu, rms_norm
-from ..sampling import pick_tokens
+from ..exact_head import Head
 
 #: When set, every activation quantization of every model goes through it, in numpy:
 #: ``activation_hook(x) -> QuantizedActivations`` with ``x`` what is quantized [T, n] (the
@@ -53,23 +53,29 @@ class ModelArgs:
                                              f"{', '.join(ARCHITECTURES)})")
         family = family_of(meta)
 
-        def need(key: str, default: Any = None) -> Any:
+        def need(key: str, default: Any = None, kind: type = int) -> Any:
             v = meta.get(f"{arch}.{key}", default)
             if v is None:
                 raise MetadataError(f"missing metadata {arch}.{key}")
-            return v
+            # a GGUF integer or float of any width; a string, array or bool is a wrong type
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                    or (kind is int and v != int(v) if np.isfinite(v) else kind is int):
+                raise MetadataError(f"metadata {arch}.{key} is {str(v)[:40]!r}, not "
+                                    f"{'an integer' if kind is int else 'a number'}")
+            return kind(v)
 
-        heads = int(need("attention.head_count"))
-        args = cls(dim=int(need("embedding_length")), n_layers=int(need("block_count")),
-                   n_heads=heads, n_kv_heads=int(need("attention.head_count_kv", heads)),
-                   hidden_dim=int(need("feed_forward_length")),
-                   vocab_size=int(need("vocab_size", vocab_size)),
-                   norm_eps=float(need("attention.layer_norm_rms_epsilon", 1e-5)),
-                   rope_theta=float(need("rope.freq_base", 10000.0)),
-                   context_length=int(need("context_length", 2048)), arch=arch,
-                   family=family, key_length=int(meta.get(f"{arch}.attention.key_length", 0)))
-        rope_dim = meta.get(f"{arch}.rope.dimension_count", args.head_dim)
-        if int(rope_dim) != args.head_dim:
+        heads = need("attention.head_count")
+        args = cls(dim=need("embedding_length"), n_layers=need("block_count"),
+                   n_heads=heads, n_kv_heads=need("attention.head_count_kv", heads),
+                   hidden_dim=need("feed_forward_length"),
+                   vocab_size=need("vocab_size", vocab_size),
+                   norm_eps=need("attention.layer_norm_rms_epsilon", 1e-5, float),
+                   rope_theta=need("rope.freq_base", 10000.0, float),
+                   context_length=need("context_length", 2048), arch=arch,
+                   family=family, key_length=need("attention.key_length", 0))
+        args.checked()
+        rope_dim = need("rope.dimension_count", args.head_dim)
+        if rope_dim != args.head_dim:
             raise UnsupportedConversionError(f"partial RoPE ({rope_dim} of {args.head_dim} "
                                              "head dimensions) is not BitNet's")
         return args.checked()
@@ -248,9 +254,11 @@ class Transformer:
     """
 
     def __init__(self, args: ModelArgs, backend: Backend, *,
-                 progress: Callable[[int, int], None] | None = None):
-        """``progress(layer, n_layers)`` is called as each layer's weights are ready."""
+                 progress: Callable[[int, int], None] | None = None, head: str = "full"):
+        """``progress(layer, n_layers)`` is called as each layer's weights are ready; ``head``:
+        "full" or "screened" (:mod:`..exact_head`: the same tokens from fewer bytes)."""
         self.args, self.be = args, backend
+        self.head = Head(backend, head)
         fam = args.family
         names = {e.name for e in backend.model.entries}
         self.blocks = []
@@ -325,8 +333,9 @@ class Transformer:
         return self.select(self.forward_hidden(segments), samplers)
 
     def select(self, h: np.ndarray, samplers: Sequence[Any]) -> list[int]:
-        """The token each row of final hidden states ``h`` [n, dim] leads to (the full head)."""
-        return pick_tokens(self.be.lm_head(h), samplers)
+        """The token each row of final hidden states ``h`` [n, dim] leads to: the full head's
+        choice, by the full or the screened head."""
+        return self.head.select(h, samplers)
 
     def forward_hidden(self, segments: Sequence[Segment], *,
                        all_positions: bool = False) -> np.ndarray:

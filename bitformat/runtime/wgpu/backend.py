@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...constants import GGMLType
-from ...errors import MetadataError, UnsupportedConversionError
+from ...errors import MetadataError, ScaleLossError, ShapeError, UnsupportedConversionError
 from ...formats import get_format
 from ...modelfile import Model
 from ...ternary import TernaryTensor
@@ -347,20 +347,33 @@ class WgpuBackend(Backend):
         if e.encoding == "rans":
             return self._decoded_rans(name) if self.decode == "load" else None
         src = ternary_source(self.model, name, self.i2s_variant)
-        if src is not None and src.row_bytes is not None:
+        if src is not None and src.row_bytes is not None and src.encoding in ROW_KERNELS:
             if self.validate:
                 src.decode_rows(0, src.rows)
             consts = {"BLK": src.fmt.block} if src.encoding == "i2_s" else {}
             scale = 1.0 if src.encoding in ("tq2_0", "tq1_0") else float(src.scale)
             return RowMatrix(name, src.encoding, src.rows, src.cols, src.rows_view(), scale,
                              consts)
-        # i2_s rows that do not start on a block, hf folders: re-encode as stfma words once
+        # i2_s rows that do not start on a block, hf folders, and the types without a WGSL
+        # kernel (q2_0, iq2_bn, iq1_bn): re-encoded once, losslessly, as stfma words (one
+        # scale per tensor) or else as tq2_0 blocks (scales per 256 values, per row or finer)
         t: TernaryTensor = self.model.ternary(name) if src is None else src.decode_rows(
             0, src.rows)
-        fmt = get_format("stfma")
-        t, _ = fmt.prepare(t)
-        words = fmt.encode(t).view(np.uint8).reshape(t.rows, -1)
-        return RowMatrix(name, "stfma", t.rows, t.cols, words, float(t.scales[0]))
+        if t.tensor_scale() is not None:
+            fmt = get_format("stfma")
+            t, _ = fmt.prepare(t)
+            words = fmt.encode(t).view(np.uint8).reshape(t.rows, -1)
+            return RowMatrix(name, "stfma", t.rows, t.cols, words, float(t.scales[0]))
+        fmt = get_format("tq2_0")
+        try:
+            t, _ = fmt.prepare(t)
+        except (ScaleLossError, ShapeError) as e:
+            raise UnsupportedConversionError(
+                f"the wgpu backend has no kernel for {src.encoding if src else 'this source'} "
+                f"and its scales fit neither stfma nor tq2_0 ({e.problem}); use the cpu or "
+                "numpy backend", path=self.model.path, tensor=name) from None
+        blocks = fmt.encode(t).view(np.uint8).reshape(t.rows, -1)
+        return RowMatrix(name, "tq2_0", t.rows, t.cols, blocks, 1.0)
 
     def _decoded_rans(self, name: str) -> RowMatrix:
         """The rANS streams decoded once on the host into stfma rows (the cpu backend's
