@@ -41,6 +41,8 @@ HIDDEN, FF, HEADS, KV, LAYERS, VOCAB = 256, 512, 4, 2, 2, 512
 PROJ = {"self_attn.q_proj": "q", "self_attn.k_proj": "kv", "self_attn.v_proj": "kv",
         "self_attn.o_proj": "o", "mlp.gate_proj": "ff", "mlp.up_proj": "ff",
         "mlp.down_proj": "down"}
+#: containers that store scales as float16 (per block or per row)
+F16_SCALES = tuple(f for f in ("tq2_0", "tq1_0", "q2_0", "iq1_bn") if f in FORMAT_IDS)
 _rng = np.random.default_rng(11)
 PROMPTS = [_rng.integers(0, VOCAB, int(n)).tolist() for n in (1, 3, 7, 12, 20, 31)]
 
@@ -242,7 +244,7 @@ def test_round_trip_through_every_container(folders, fam, tmp_path):
 
 def test_per_tensor_scales_that_f16_blocks_cannot_hold_are_refused(folders, tmp_path):
     src = folders["llama-bf16-scales"]
-    for fid in ("tq2_0", "tq1_0"):
+    for fid in F16_SCALES:
         with pytest.raises(ScaleLossError):
             convert(src, tmp_path / f"m.{fid}", fid)
         assert not (tmp_path / f"m.{fid}").exists()
@@ -263,7 +265,7 @@ def test_1bitllm_exports_as_packed_bitnet_and_round_trips(folders, tmp_path):
     names = set(st_tensors(tmp_path / "hf" / "model.safetensors"))
     assert "model.layers.0.self_attn.attn_sub_norm.weight" in names and "lm_head.weight" in names
     for fid in FORMAT_IDS:
-        if fid in ("tq2_0", "tq1_0"):  # absmean scales are not f16-exact: refused, clearly
+        if fid in F16_SCALES:  # absmean scales are not f16-exact: refused, clearly
             with pytest.raises(ScaleLossError, match="allow-scale-rounding"):
                 convert(tmp_path / "hf", tmp_path / f"n.{fid}", fid)
             continue
