@@ -44,15 +44,19 @@ def test_mm2_amx_tokens_equals_one_token_kernel(layout, kind, rows, cols):
     W = rng.integers(0, 256, (rows, cols // 4), dtype=np.uint8)
     W[W & 3 == 3] ^= 1
     ws = rng.uniform(0.5, 2, rows).astype(np.float32)
-    for T in (1, 2, 3, 8, 13, 16):
+    for T in (1, 2, 3, 8, 13, 16, 17, 40, 64):
         qa = quantize_activations(rng.standard_normal((T, cols)).astype(np.float32))
         XG = K.slot_activations(qa.q, layout, cols)
         corr = qa.q.sum(axis=1, dtype=np.int32)
         want = np.empty((T, rows), np.float32)
         got = np.empty((T, rows), np.float32)
         K.mm2_vnni(W, XG, corr, qa.s, ws, kind, want)
-        amx.mm2_amx_tokens(W, XG, amx.tile_activations(XG, kind), amx.tile_config(T), corr,
-                           qa.s, ws, kind, got)
+        if T <= amx.MAX_TOKENS:
+            amx.mm2_amx_tokens(W, XG, amx.tile_activations(XG, kind), amx.tile_config(T), corr,
+                               qa.s, ws, kind, got)
+        else:
+            amx.mm2_amx_wide(W, XG, amx.tile_activations(XG, kind, -(-T // 16) * 16),
+                             amx.tile_config(16), corr, qa.s, ws, kind, got)
         np.testing.assert_array_equal(got, want, err_msg=f"T={T}")
 
 
