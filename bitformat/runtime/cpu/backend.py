@@ -28,6 +28,7 @@ from ...errors import InvalidScaleError, MetadataError, RequestError
 from ...formats import get_format
 from ...mapping import file_mapping
 from ...modelfile import Model
+from .. import exact_head as EH
 from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
 from . import amx as A
 from . import batch as B
@@ -36,6 +37,7 @@ from . import kernels as K
 from . import ops
 from . import rans as KR
 from . import rans_rows as RR
+from . import screen as S
 from .arena import WeightArena, resident_copy
 from .threadpool import load_tbb
 
@@ -50,12 +52,19 @@ SERIAL_BYTES = 512 << 10
 #: step); longer prompts run :func:`.kernels.mm2_vnni_prompt`.
 BATCH_TOKENS = 16
 
+#: ik_llama.cpp's BitNet types: one scale at the start of every row (formats/iq2_bn.py).
+ROW_SCALED = ("iq2_bn", "iq1_bn")
+
 #: Rows from which RMSNorm + quantization of a batched step run on all threads.
 PAR_ROWS = 4
 
 #: encoding -> (slot layout of the activations, kernel kind); i2_s's layout is its variant.
 TWO_BIT = {"i2_s": (None, K.KIND_I2S), "stfma": ("plain", K.KIND_LOW),
            "colpack_u32": ("plain", K.KIND_COLPACK)}
+
+
+#: Encodings whose matrices run stacked (q, k, v; gate, up) as one kernel call.
+STACKABLE = (*TWO_BIT, *ROW_SCALED, "tq2_0", "tq1_0", "q2_0")
 
 
 @dataclass
@@ -142,15 +151,19 @@ class CpuBackend(Backend):
         self._blas = ThreadpoolController()
         self._arena = WeightArena(sum(-(-n // WeightArena.ALIGN) * WeightArena.ALIGN
                                       for n in self._arena_bytes()))
-        et = self.embed_type
+        et = self.head_type
+        tied = self.head_name == "token_embd.weight"
         if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) and file_mapping(
-                self._embed_raw) is not None:  # (a coded head was decoded into memory already)
-            self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
+                self._head_raw) is not None:  # (a coded head was decoded into memory already)
+            self._head_raw = resident_copy(self._head_raw)
+            if tied:
+                self._embed_raw = self._head_raw  # also what embed() reads
         self._lut = None
+        self._screen: EH.ScreenTables | None = None
         if et == GGMLType.F32:
-            self._E = self._embed_raw.view("<f4")
+            self._E = self._head_raw.view("<f4")
         elif et in (GGMLType.F16, GGMLType.BF16):
-            self._E = self._embed_raw.view("<u2")
+            self._E = self._head_raw.view("<u2")
             self._lut = None if vnni else H.lut16(et.name)
         else:
             self._E = None  # plain_array raises a clear error in lm_head
@@ -196,6 +209,9 @@ class CpuBackend(Backend):
             return CpuWeight(src.encoding, src.rows, src.cols, data,
                              np.full(src.rows, src.scale, np.float32), layout or self.i2s_variant,
                              kind)
+        if src.encoding in ROW_SCALED:  # the rows' own scales, for the kernel's epilogue
+            return CpuWeight(src.encoding, src.rows, src.cols, data,
+                             src.fmt.row_scales(data))
         return CpuWeight(src.encoding, src.rows, src.cols, data, np.float32(0))
 
     def _rans_weight(self, name: str) -> KR.RansWeight:
@@ -242,7 +258,7 @@ class CpuBackend(Backend):
         (the model asks for q, k, v and gate, up in turn) as one weight over all their rows;
         per-tensor scales become per-row scales. None for anything else (rans, repacked)."""
         first = weights[0]
-        if not all(isinstance(w, CpuWeight) and w.encoding in (*TWO_BIT, "tq2_0", "tq1_0")
+        if not all(isinstance(w, CpuWeight) and w.encoding in STACKABLE
                    and (w.encoding, w.cols, w.layout, w.kind, w.data.shape[1])
                    == (first.encoding, first.cols, first.layout, first.kind,
                        first.data.shape[1]) for w in weights):
@@ -257,8 +273,8 @@ class CpuBackend(Backend):
         rows = sum(w.rows for w in weights)
         data = buf[start: start + rows * first.data.shape[1]].reshape(rows, -1)
         data.setflags(write=False)  # as every weight: one compiled specialisation of a kernel
-        scale = (np.concatenate([w.scale for w in weights]) if first.encoding in TWO_BIT
-                 else first.scale)
+        scale = (np.concatenate([w.scale for w in weights])
+                 if first.encoding in (*TWO_BIT, *ROW_SCALED) else first.scale)
         return CpuWeight(first.encoding, rows, first.cols, data, scale, first.layout,
                          first.kind)
 
@@ -337,7 +353,7 @@ class CpuBackend(Backend):
             if key == "sum":
                 qa.cache[full] = qa.q.sum(axis=1, dtype=np.int32)
             elif key == "blocks":
-                qa.cache[full] = K.block_sums(qa.q)
+                qa.cache[full] = K.block_sums(qa.q, width or 256)
             elif key == "s":
                 qa.cache[full] = qa.s.astype(np.float32)
             else:
@@ -368,6 +384,17 @@ class CpuBackend(Backend):
         elif enc == "tq1_0":
             self._call(self._tq1, w.data.nbytes, w.data, qa.q, self._derived(qa, "blocks"), s,
                        out)
+        elif enc == "q2_0":
+            xg = self._derived(qa, "plain", w.cols)
+            self._call(K.q2_portable, w.data.nbytes, w.data, xg, self._derived(qa, "blocks", 64),
+                       s, out)
+        elif enc == "iq2_bn":
+            xg = self._derived(qa, "arm64", w.cols)
+            self._call(K.iq2bn_portable, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,
+                       w.scale, out)
+        elif enc == "iq1_bn":
+            self._call(K.iq1bn_portable, w.data.nbytes, w.data, qa.q, self._derived(qa, "sum"),
+                       s, w.scale, out)
         else:
             self._call(K.mm_trits, w.data.nbytes, w.data, w.scale, qa.q, s, out)
         return out
@@ -423,18 +450,77 @@ class CpuBackend(Backend):
     # -- LM head ----------------------------------------------------------------------------------
     def lm_head(self, h: np.ndarray) -> np.ndarray:
         if self._E is None:
-            return h @ self.vector("token_embd.weight").T
+            return h @ self.vector(self.head_name).T
         x = np.ascontiguousarray(h, dtype=np.float32)
         out = np.empty((x.shape[0], self.vocab), dtype=np.float32)
-        n = self._E.nbytes
-        if self.embed_type == GGMLType.F32:
-            self._call(H.lm_head_f32, n, self._E, x, out)
-        elif self._head_tokens is not None:  # f16, bf16: the same sums for 1 row or many
-            self._call(self._head_tokens, n, self._E, x, self.embed_type == GGMLType.BF16, out)
-        elif self._lut is not None:
-            self._call(H.lm_head_lut, n, self._E, self._lut, x, out)
-        elif self.embed_type == GGMLType.F16:
-            self._call(H.lm_head_f16, n, self._E, x, out)
-        else:
-            self._call(H.lm_head_bf16, n, self._E, x, out)
+        self._head_into(self._E, x, out, self._E.nbytes)
         return out
+
+    def _head_into(self, E: np.ndarray, x: np.ndarray, out: np.ndarray, nbytes: int) -> None:
+        """``out = x @ E.T`` by the head kernel of this model and build: every row's sum in the
+        kernel's own order, whichever rows ``E`` holds (the screened head's rescoring)."""
+        if self.head_type == GGMLType.F32:
+            self._call(H.lm_head_f32, nbytes, E, x, out)
+        elif self._head_tokens is not None:  # f16, bf16: the same sums for 1 row or many
+            self._call(self._head_tokens, nbytes, E, x, self.head_type == GGMLType.BF16, out)
+        elif self._lut is not None:
+            self._call(H.lm_head_lut, nbytes, E, self._lut, x, out)
+        elif self.head_type == GGMLType.F16:
+            self._call(H.lm_head_f16, nbytes, E, x, out)
+        else:
+            self._call(H.lm_head_bf16, nbytes, E, x, out)
+
+    # -- the screened head (exact_head.py) --------------------------------------------------------
+    @property
+    def head_itemsize(self) -> int:
+        return self._E.itemsize if self._E is not None else 4
+
+    def head_depth(self) -> int:
+        """Roundings a product passes through in this build's head kernel: the vnni kernel
+        (:func:`.batch.lm_head_tokens`) runs one FMA chain of dim / 16 per lane, a 4-level
+        tree, then the dim % 16 tail; the others are reassociated by LLVM (fastmath), so any
+        tree of dim products: at most dim + 1."""
+        h = self.dim
+        if self._head_tokens is not None and self.head_type != GGMLType.F32:
+            return h // 16 + 4 + 2 * (h % 16)
+        return h + 2
+
+    def screen_tables(self) -> EH.ScreenTables | None:
+        """The int8 copy of the head and its bound terms (made once, on first use)."""
+        if self._E is None:
+            return None
+        if self._screen is None:
+            E = self._E
+            V = E.shape[0]
+            codes = np.empty((V, EH.padded(self.dim)), np.uint8)
+            scale, dn, qn, en = (np.empty(V) for _ in range(4))
+            bad = np.empty(V, np.uint8)
+            if E.dtype == np.uint16:
+                lut = self._lut if self._lut is not None else H.lut16(self.head_type.name)
+                S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad)
+            else:
+                S.quantize_f32(E, codes, scale, dn, qn, en, bad)
+            self._screen = EH.ScreenTables.build(codes, scale, dn, qn, en, bad, self.dim,
+                                                 self.head_depth(), 2.0 ** -24)
+        return self._screen
+
+    def head_bounds(self, t: EH.ScreenTables, xq: np.ndarray, par: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        lo = np.empty((xq.shape[0], t.codes.shape[0]))
+        hi = np.empty_like(lo)
+        kernel = S.screen_vnni if self.kernel == "vnni" else S.screen_portable
+        self._call(kernel, t.codes.nbytes, t.codes, xq, t.scale, t.A, t.N, par, lo, hi)
+        return lo, hi
+
+    def head_rows(self, h: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The head kernel's logits of rows ``ids`` only: those rows gathered, then the same
+        kernel (the same bits as :meth:`lm_head`)."""
+        E = self._E[ids]
+        x = np.ascontiguousarray(h, dtype=np.float32)
+        out = np.empty((x.shape[0], len(ids)), dtype=np.float32)
+        # thread pickers are kept per size: round it to a power of two
+        self._head_into(E, x, out, 1 << max(E.nbytes, 1).bit_length())
+        return out
+
+    def head_rows_bytes(self, ids: np.ndarray) -> int:
+        return len(ids) * self.dim * self.head_itemsize
