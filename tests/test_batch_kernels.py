@@ -83,3 +83,25 @@ def test_lm_head_tokens_rows_do_not_depend_on_the_batch(bf16, vocab, h):
         for t0 in range(0, 11 - T + 1, T):
             lm_head_tokens(E, np.ascontiguousarray(X[t0:t0 + T]), bf16, part)
             np.testing.assert_array_equal(part, together[t0:t0 + T], err_msg=f"T={T}")
+
+
+@pytest.mark.parametrize("vocab,width", [(37, 256), (48, 128), (300, 640)])
+def test_screen_amx_equals_screen_vnni(vocab, width):
+    from bitformat.runtime.cpu import amx
+    from bitformat.runtime.cpu.screen import screen_vnni
+
+    if not amx.available():
+        pytest.skip("needs AMX-INT8 (and Linux's permission for it)")
+    rng = np.random.default_rng(vocab + width)
+    W = rng.integers(0, 256, (vocab, width), dtype=np.uint8)
+    scale, A, N = (rng.random(vocab) for _ in range(3))
+    for T in (2, 3, 8):
+        XQ = rng.integers(-127, 128, (T, 2, width), dtype=np.int8)
+        par = rng.random((T, 6))
+        par[:, 4:] = rng.integers(-300, 300, (T, 2))
+        want = np.empty((2, T, vocab))
+        got = np.empty((2, T, vocab))
+        screen_vnni(W, XQ, scale, A, N, par, want[0], want[1])
+        amx.screen_amx(W, XQ, amx.screen_activations(XQ), amx.screen_config(T), scale, A, N,
+                       par, got[0], got[1])
+        np.testing.assert_array_equal(got, want, err_msg=f"T={T}")

@@ -32,6 +32,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernels import KIND_I2S, _dot2_vnni, _load64, _prefetch, host_features
+from .screen import _bounds, _screen_dot
 
 #: rows of weights per A tile, and the most tokens a C tile holds
 TILE_ROWS = 16
@@ -273,3 +274,117 @@ def mm2_amx_wide(W, XG, XB, cfg, corr, s, ws, kind, out):
     for r in range(groups * TILE_ROWS, rows):
         for t in range(T):
             out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]
+
+
+# -- the screened LM head's int8 screen (runtime/cpu/screen.py) for 2..8 tokens ------------------
+#: the most tokens :func:`screen_amx` takes (two int8 vectors each: 16 columns of a C tile)
+SCREEN_TOKENS = 8
+
+
+@functools.cache
+def screen_config(ntok: int) -> np.ndarray:
+    """Tiles of :func:`screen_amx`: tmm0, tmm1 C (16 rows x 2 ntok int32), tmm2, tmm3 A
+    (16 x 64 u8 codes), tmm4, tmm5 B (16 dwords x 2 ntok)."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1
+    colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
+    for t, width in enumerate((8 * ntok, 8 * ntok, 64, 64, 8 * ntok, 8 * ntok)):
+        colsb[t], rows[t] = width, 16
+    cfg.setflags(write=False)
+    return cfg
+
+
+def screen_activations(xq: np.ndarray) -> np.ndarray:
+    """int8 ``XQ [T, 2, width]`` -> int32 ``[width // 64, 16, 2T]``: chunk i's B tile, column
+    2t + j holding dwords of token t's vector j."""
+    t, _, width = xq.shape
+    x = np.ascontiguousarray(xq).view(np.int32).reshape(2 * t, width // 64, 16)
+    return np.ascontiguousarray(x.transpose(1, 2, 0))
+
+
+@intrinsic
+def _screen_rows(typingctx, cfg, w, v0, width, ngroups, xb, ncol, cout):
+    """Tile sums of ``ngroups`` groups of 16 code rows from row v0 (``width`` bytes each,
+    loaded straight into A tiles) against ``xb`` (:func:`screen_activations`, ``ncol`` = 2T
+    columns) into ``cout[group, 2, 16, ncol]`` (even and odd chunks)."""
+    sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, cout)
+
+    def codegen(context, builder, signature, args):
+        cfg_a, w_a, v0, width, ngroups, xb_a, ncol, cout_a = args
+
+        def data(i, a):
+            return builder.bitcast(
+                context.make_array(signature.args[i])(context, builder, a).data, _P)
+
+        cptr, wptr, xptr, optr = data(0, cfg_a), data(1, w_a), data(5, xb_a), data(7, cout_a)
+        load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P, _I64])
+        store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P, _I64])
+        dp = _fn(builder, "llvm.x86.tdpbusd", [_I8, _I8, _I8])
+        zero = _fn(builder, "llvm.x86.tilezero", [_I8])
+
+        def c(v):
+            return ir.Constant(v0.type, v)
+
+        def tmm(k):
+            return ir.Constant(_I8, k)
+
+        n = builder.udiv(width, c(64))
+        bstride = builder.mul(ncol, c(4))
+        bsize = builder.mul(bstride, c(16))
+        builder.call(_fn(builder, "llvm.x86.ldtilecfg", [_P]), [cptr])
+        with cgutils.for_range(builder, ngroups) as grp:
+            row0 = builder.mul(builder.add(v0, builder.mul(grp.index, c(16))), width)
+            builder.call(zero, [tmm(0)])
+            builder.call(zero, [tmm(1)])
+            with cgutils.for_range(builder, n) as loop:
+                par = builder.and_(loop.index, c(1))
+                i64 = builder.mul(loop.index, c(64))
+                for k in range(TILE_ROWS):  # the next group's lines, in order
+                    _prefetch(builder, wptr, builder.add(builder.add(
+                        row0, builder.mul(width, c(TILE_ROWS))), builder.add(
+                        builder.mul(loop.index, c(64 * TILE_ROWS)), c(64 * k))))
+                for j in range(2):
+                    with builder.if_then(builder.icmp_unsigned("==", par, c(j))):
+                        builder.call(load, [tmm(2 + j), builder.gep(wptr, [builder.add(
+                            row0, i64)]), width])
+                        builder.call(load, [tmm(4 + j), builder.gep(xptr, [builder.mul(
+                            loop.index, bsize)]), bstride])
+                        builder.call(dp, [tmm(j), tmm(2 + j), tmm(4 + j)])
+            obase = builder.mul(grp.index, builder.mul(bsize, c(2)))
+            builder.call(store, [tmm(0), builder.gep(optr, [obase]), bstride])
+            builder.call(store, [tmm(1), builder.gep(optr, [builder.add(obase, bsize)]),
+                                 bstride])
+        builder.call(_fn(builder, "llvm.x86.tilerelease", []), [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def screen_amx(W, XQ, XB, cfg, scale, A, N, par, lo, hi):
+    """:func:`.screen.screen_vnni` for 2..8 tokens on AMX tiles: the codes (u8) go from
+    memory straight into A tiles, each token's two vectors are two columns of B, so one
+    ``tdpbusd`` gives 16 rows x 2T sums. The same integers, so the same bounds."""
+    V, width = W.shape
+    T = XQ.shape[0]
+    groups = V // TILE_ROWS
+    gpb = BLOCK_ROWS // TILE_ROWS
+    nblocks = (groups + gpb - 1) // gpb
+    xflat = XQ.reshape(-1)
+    for b in prange(nblocks):
+        g0 = b * gpb
+        ng = min(gpb, groups - g0)
+        cout = np.empty((ng, 2, TILE_ROWS, 2 * T), np.int32)
+        _screen_rows(cfg, W, g0 * TILE_ROWS, width, ng, XB, 2 * T, cout)
+        for gi in range(ng):
+            for k in range(TILE_ROWS):
+                v = (g0 + gi) * TILE_ROWS + k
+                for t in range(T):
+                    d1 = np.int64(cout[gi, 0, k, 2 * t]) + np.int64(cout[gi, 1, k, 2 * t])
+                    d2 = (np.int64(cout[gi, 0, k, 2 * t + 1])
+                          + np.int64(cout[gi, 1, k, 2 * t + 1]))
+                    _bounds(v, t, d1, d2, scale, A, N, par, lo, hi)
+    for v in range(groups * TILE_ROWS, V):
+        for t in range(T):
+            r = _screen_dot(W, v * width, xflat, t * 2 * width, width // 64)
+            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), scale, A, N, par, lo, hi)

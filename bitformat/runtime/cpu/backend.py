@@ -117,6 +117,7 @@ class ThreadPicker:
 
 class CpuBackend(Backend):
     name = "cpu"
+    amx = False  # AMX tile kernels for batched steps (set in __init__ where they may run)
 
     def __init__(self, model: Model, *, i2s_variant: str = "x86", threads: int | None = None,
                  kernel: str | None = None, validate: bool = True, decode: str = "load"):
@@ -508,6 +509,10 @@ class CpuBackend(Backend):
                     ) -> tuple[np.ndarray, np.ndarray]:
         lo = np.empty((xq.shape[0], t.codes.shape[0]))
         hi = np.empty_like(lo)
+        if self.amx and 2 <= xq.shape[0] <= A.SCREEN_TOKENS:  # a batched step: amx.py
+            self._call(A.screen_amx, t.codes.nbytes, t.codes, xq, A.screen_activations(xq),
+                       A.screen_config(xq.shape[0]), t.scale, t.A, t.N, par, lo, hi)
+            return lo, hi
         kernel = S.screen_vnni if self.kernel == "vnni" else S.screen_portable
         self._call(kernel, t.codes.nbytes, t.codes, xq, t.scale, t.A, t.N, par, lo, hi)
         return lo, hi
