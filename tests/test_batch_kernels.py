@@ -44,15 +44,19 @@ def test_mm2_amx_tokens_equals_one_token_kernel(layout, kind, rows, cols):
     W = rng.integers(0, 256, (rows, cols // 4), dtype=np.uint8)
     W[W & 3 == 3] ^= 1
     ws = rng.uniform(0.5, 2, rows).astype(np.float32)
-    for T in (1, 2, 3, 8, 13, 16):
+    for T in (1, 2, 3, 8, 13, 16, 17, 40, 64):
         qa = quantize_activations(rng.standard_normal((T, cols)).astype(np.float32))
         XG = K.slot_activations(qa.q, layout, cols)
         corr = qa.q.sum(axis=1, dtype=np.int32)
         want = np.empty((T, rows), np.float32)
         got = np.empty((T, rows), np.float32)
         K.mm2_vnni(W, XG, corr, qa.s, ws, kind, want)
-        amx.mm2_amx_tokens(W, XG, amx.tile_activations(XG, kind), amx.tile_config(T), corr,
-                           qa.s, ws, kind, got)
+        if T <= amx.MAX_TOKENS:
+            amx.mm2_amx_tokens(W, XG, amx.tile_activations(XG, kind), amx.tile_config(T), corr,
+                               qa.s, ws, kind, got)
+        else:
+            amx.mm2_amx_wide(W, XG, amx.tile_activations(XG, kind, -(-T // 16) * 16),
+                             amx.tile_config(16), corr, qa.s, ws, kind, got)
         np.testing.assert_array_equal(got, want, err_msg=f"T={T}")
 
 
@@ -79,3 +83,25 @@ def test_lm_head_tokens_rows_do_not_depend_on_the_batch(bf16, vocab, h):
         for t0 in range(0, 11 - T + 1, T):
             lm_head_tokens(E, np.ascontiguousarray(X[t0:t0 + T]), bf16, part)
             np.testing.assert_array_equal(part, together[t0:t0 + T], err_msg=f"T={T}")
+
+
+@pytest.mark.parametrize("vocab,width", [(37, 256), (48, 128), (300, 640)])
+def test_screen_amx_equals_screen_vnni(vocab, width):
+    from bitformat.runtime.cpu import amx
+    from bitformat.runtime.cpu.screen import screen_vnni
+
+    if not amx.available():
+        pytest.skip("needs AMX-INT8 (and Linux's permission for it)")
+    rng = np.random.default_rng(vocab + width)
+    W = rng.integers(0, 256, (vocab, width), dtype=np.uint8)
+    scale, A, N = (rng.random(vocab) for _ in range(3))
+    for T in (2, 3, 8):
+        XQ = rng.integers(-127, 128, (T, 2, width), dtype=np.int8)
+        par = rng.random((T, 6))
+        par[:, 4:] = rng.integers(-300, 300, (T, 2))
+        want = np.empty((2, T, vocab))
+        got = np.empty((2, T, vocab))
+        screen_vnni(W, XQ, scale, A, N, par, want[0], want[1])
+        amx.screen_amx(W, XQ, amx.screen_activations(XQ), amx.screen_config(T), scale, A, N,
+                       par, got[0], got[1])
+        np.testing.assert_array_equal(got, want, err_msg=f"T={T}")

@@ -32,10 +32,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernels import KIND_I2S, _dot2_vnni, _load64, _prefetch, host_features
+from .screen import _bounds, _screen_dot
 
 #: rows of weights per A tile, and the most tokens a C tile holds
 TILE_ROWS = 16
 MAX_TOKENS = 16
+#: the most tokens of one pass of :func:`mm2_amx_wide`
+WIDE_TOKENS = 64
 #: rows a thread takes at a time (groups of 16 share a tile configuration)
 BLOCK_ROWS = 128
 
@@ -70,10 +73,13 @@ def tile_config(ntok: int) -> np.ndarray:
     return cfg
 
 
-def tile_activations(xg: np.ndarray, kind: int) -> np.ndarray:
+def tile_activations(xg: np.ndarray, kind: int, tokens: int = 0) -> np.ndarray:
     """int8 slot activations ``XG [T, 4, bpr]`` -> int32 ``[bpr // 64, 4, 16, T]``: for chunk
     i and shift 2g, the B tile of the 64 columns whose codes sit at that shift (i2_s keeps
-    slot 3 - g there, stfma slot g): dword k of token t is its activations 4k..4k+3."""
+    slot 3 - g there, stfma slot g): dword k of token t is its activations 4k..4k+3.
+    ``tokens`` > T pads with tokens of zeros (:func:`mm2_amx_wide`)."""
+    if tokens > xg.shape[0]:
+        xg = np.concatenate([xg, np.zeros((tokens - xg.shape[0], *xg.shape[1:]), xg.dtype)])
     t, _, bpr = xg.shape
     n = bpr // 64
     x = xg[:, :, : n * 64].reshape(t, 4, n * 64).view(np.int32).reshape(t, 4, n, 16)
@@ -94,11 +100,17 @@ def _fn(builder, name, args):
                                           name)
 
 
-@intrinsic
-def _amx_rows(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
+def _make_amx_rows(nb: int):
+    """The tile loop for one block of tokens (``nb`` 0: up to 16 tokens, a C tile per shift)
+    or ``nb`` blocks of 16 (a C tile per block, all shifts summed in it)."""
+    return intrinsic(functools.partial(_amx_rows, nb))
+
+
+def _amx_rows(nb, typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
     """For ``ngroups`` groups of 16 rows from byte ``w_off`` of ``w`` (``bpr`` bytes a row,
     ``bpr // 64`` chunks): tile sums against ``xb`` (:func:`tile_activations`) into
-    ``cout[group, 4, 16, ntok]`` int32 (each shift's part). ``abuf``: an 8 KB scratch of
+    ``cout[group, 4, 16, ntok]`` int32 (each shift's part; with ``nb`` blocks
+    ``cout[group, nb, 16, 16]``, ``ntok`` = 16 nb). ``abuf``: an 8 KB scratch of
     this thread for the A tiles (two sets: a chunk's codes are written while the tiles of
     the chunk before are multiplied)."""
     sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, abuf, cout)
@@ -132,7 +144,7 @@ def _amx_rows(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
         builder.call(ldcfg, [cptr])
         with cgutils.for_range(builder, ngroups) as grp:
             row0 = builder.add(w_off, builder.mul(grp.index, builder.mul(bpr, c(16))))
-            for g in range(4):
+            for g in range(max(nb, 4)):
                 builder.call(zero, [tmm(g)])
             def expand(i):  # chunk i's codes of the 16 rows into A buffer i % 2
                 i64 = builder.mul(i, c(64))
@@ -158,12 +170,14 @@ def _amx_rows(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
                 half = builder.mul(builder.and_(i, c(1)), c(4096))
                 xbase = builder.mul(builder.mul(i, c(4)), bsize)
                 for g in range(4):
-                    a_t, b_t = tmm(4 + g % 2), tmm(6 + g % 2)
+                    a_t = tmm(4 + g % 2)
                     builder.call(load, [a_t, builder.gep(aptr, [builder.add(half, c(g * 1024))]),
                                         ir.Constant(_I64, 64)])
-                    builder.call(load, [b_t, builder.gep(xptr, [builder.add(
-                        xbase, builder.mul(bsize, c(g)))]), bstride])
-                    builder.call(dp, [tmm(g), a_t, b_t])
+                    for b in range(max(nb, 1)):
+                        b_t = tmm(6 + (g * max(nb, 1) + b) % 2)
+                        builder.call(load, [b_t, builder.gep(xptr, [builder.add(
+                            xbase, builder.add(builder.mul(bsize, c(g)), c(64 * b)))]), bstride])
+                        builder.call(dp, [tmm(b if nb else g), a_t, b_t])
 
             # software-pipelined: the tiles load a chunk's codes one chunk after they were
             # written (a tile load right after the stores waited for them: 4x slower)
@@ -173,14 +187,23 @@ def _amx_rows(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
                 expand(nxt)
                 multiply(loop.index)
             multiply(builder.sub(n, c(1)))
-            obase = builder.mul(grp.index, builder.mul(bsize, c(4)))  # 4 tiles of 16 x 4T bytes
-            for g in range(4):
-                builder.call(store, [tmm(g), builder.gep(optr, [builder.add(
-                    obase, builder.mul(bsize, c(g)))]), bstride])
+            if nb:  # nb tiles of 16 x 64 bytes
+                obase = builder.mul(grp.index, c(1024 * nb))
+                for b in range(nb):
+                    builder.call(store, [tmm(b), builder.gep(optr, [builder.add(
+                        obase, c(1024 * b))]), ir.Constant(_I64, 64)])
+            else:  # 4 tiles of 16 x 4T bytes
+                obase = builder.mul(grp.index, builder.mul(bsize, c(4)))
+                for g in range(4):
+                    builder.call(store, [tmm(g), builder.gep(optr, [builder.add(
+                        obase, builder.mul(bsize, c(g)))]), bstride])
         builder.call(release, [])
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+_amx_rows1, _amx_rows2, _amx_rows3, _amx_rows4 = (_make_amx_rows(nb) for nb in (0, 2, 3, 4))
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -199,7 +222,7 @@ def mm2_amx_tokens(W, XG, XB, cfg, corr, s, ws, kind, out):
         abuf = np.empty(8 * TILE_ROWS * 64 + 64, np.uint8)
         a0 = (64 - abuf.ctypes.data % 64) % 64  # 64-byte aligned A tiles
         cout = np.empty((ng, 4, TILE_ROWS, T), np.int32)
-        _amx_rows(cfg, W, g0 * TILE_ROWS * bpr, bpr, ng, XB, T, abuf[a0:], cout)
+        _amx_rows1(cfg, W, g0 * TILE_ROWS * bpr, bpr, ng, XB, T, abuf[a0:], cout)
         d = np.empty(TILE_ROWS, np.int32)
         for gi in range(ng):
             r0 = (g0 + gi) * TILE_ROWS
@@ -213,3 +236,155 @@ def mm2_amx_tokens(W, XG, XB, cfg, corr, s, ws, kind, out):
     for r in range(groups * TILE_ROWS, rows):
         for t in range(T):
             out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mm2_amx_wide(W, XG, XB, cfg, corr, s, ws, kind, out):
+    """:func:`mm2_amx_tokens` for 17..64 tokens in one pass over the weights: ``XB`` from
+    :func:`tile_activations` padded to ``16 * nb`` tokens, ``cfg`` = ``tile_config(16)``, a
+    C tile per block of 16 tokens. Same results to the bit."""
+    rows, bpr = W.shape
+    T = out.shape[0]
+    nb = XB.shape[3] // 16
+    groups = rows // TILE_ROWS
+    gpb = BLOCK_ROWS // TILE_ROWS
+    nblocks = (groups + gpb - 1) // gpb
+    for b in prange(nblocks):
+        g0 = b * gpb
+        ng = min(gpb, groups - g0)
+        abuf = np.empty(8 * TILE_ROWS * 64 + 64, np.uint8)
+        a0 = (64 - abuf.ctypes.data % 64) % 64
+        cout = np.empty((ng, nb, TILE_ROWS, 16), np.int32)
+        w0 = g0 * TILE_ROWS * bpr
+        if nb == 2:
+            _amx_rows2(cfg, W, w0, bpr, ng, XB, 16 * nb, abuf[a0:], cout)
+        elif nb == 3:
+            _amx_rows3(cfg, W, w0, bpr, ng, XB, 16 * nb, abuf[a0:], cout)
+        else:
+            _amx_rows4(cfg, W, w0, bpr, ng, XB, 16 * nb, abuf[a0:], cout)
+        d = np.empty(TILE_ROWS, np.int32)
+        for gi in range(ng):
+            r0 = (g0 + gi) * TILE_ROWS
+            for t in range(T):
+                for k in range(TILE_ROWS):
+                    d[k] = cout[gi, t // 16, k, t % 16] - corr[t]
+                st = s[t]
+                for k in range(TILE_ROWS):
+                    out[t, r0 + k] = np.float32(d[k]) / st * ws[r0 + k]
+    for r in range(groups * TILE_ROWS, rows):
+        for t in range(T):
+            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]
+
+
+# -- the screened LM head's int8 screen (runtime/cpu/screen.py) for 2..8 tokens ------------------
+#: the most tokens :func:`screen_amx` takes (two int8 vectors each: 16 columns of a C tile)
+SCREEN_TOKENS = 8
+
+
+@functools.cache
+def screen_config(ntok: int) -> np.ndarray:
+    """Tiles of :func:`screen_amx`: tmm0, tmm1 C (16 rows x 2 ntok int32), tmm2, tmm3 A
+    (16 x 64 u8 codes), tmm4, tmm5 B (16 dwords x 2 ntok)."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1
+    colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
+    for t, width in enumerate((8 * ntok, 8 * ntok, 64, 64, 8 * ntok, 8 * ntok)):
+        colsb[t], rows[t] = width, 16
+    cfg.setflags(write=False)
+    return cfg
+
+
+def screen_activations(xq: np.ndarray) -> np.ndarray:
+    """int8 ``XQ [T, 2, width]`` -> int32 ``[width // 64, 16, 2T]``: chunk i's B tile, column
+    2t + j holding dwords of token t's vector j."""
+    t, _, width = xq.shape
+    x = np.ascontiguousarray(xq).view(np.int32).reshape(2 * t, width // 64, 16)
+    return np.ascontiguousarray(x.transpose(1, 2, 0))
+
+
+@intrinsic
+def _screen_rows(typingctx, cfg, w, v0, width, ngroups, xb, ncol, cout):
+    """Tile sums of ``ngroups`` groups of 16 code rows from row v0 (``width`` bytes each,
+    loaded straight into A tiles) against ``xb`` (:func:`screen_activations`, ``ncol`` = 2T
+    columns) into ``cout[group, 2, 16, ncol]`` (even and odd chunks)."""
+    sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, cout)
+
+    def codegen(context, builder, signature, args):
+        cfg_a, w_a, v0, width, ngroups, xb_a, ncol, cout_a = args
+
+        def data(i, a):
+            return builder.bitcast(
+                context.make_array(signature.args[i])(context, builder, a).data, _P)
+
+        cptr, wptr, xptr, optr = data(0, cfg_a), data(1, w_a), data(5, xb_a), data(7, cout_a)
+        load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P, _I64])
+        store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P, _I64])
+        dp = _fn(builder, "llvm.x86.tdpbusd", [_I8, _I8, _I8])
+        zero = _fn(builder, "llvm.x86.tilezero", [_I8])
+
+        def c(v):
+            return ir.Constant(v0.type, v)
+
+        def tmm(k):
+            return ir.Constant(_I8, k)
+
+        n = builder.udiv(width, c(64))
+        bstride = builder.mul(ncol, c(4))
+        bsize = builder.mul(bstride, c(16))
+        builder.call(_fn(builder, "llvm.x86.ldtilecfg", [_P]), [cptr])
+        with cgutils.for_range(builder, ngroups) as grp:
+            row0 = builder.mul(builder.add(v0, builder.mul(grp.index, c(16))), width)
+            builder.call(zero, [tmm(0)])
+            builder.call(zero, [tmm(1)])
+            with cgutils.for_range(builder, n) as loop:
+                par = builder.and_(loop.index, c(1))
+                i64 = builder.mul(loop.index, c(64))
+                for k in range(TILE_ROWS):  # the next group's lines, in order
+                    _prefetch(builder, wptr, builder.add(builder.add(
+                        row0, builder.mul(width, c(TILE_ROWS))), builder.add(
+                        builder.mul(loop.index, c(64 * TILE_ROWS)), c(64 * k))))
+                for j in range(2):
+                    with builder.if_then(builder.icmp_unsigned("==", par, c(j))):
+                        builder.call(load, [tmm(2 + j), builder.gep(wptr, [builder.add(
+                            row0, i64)]), width])
+                        builder.call(load, [tmm(4 + j), builder.gep(xptr, [builder.mul(
+                            loop.index, bsize)]), bstride])
+                        builder.call(dp, [tmm(j), tmm(2 + j), tmm(4 + j)])
+            obase = builder.mul(grp.index, builder.mul(bsize, c(2)))
+            builder.call(store, [tmm(0), builder.gep(optr, [obase]), bstride])
+            builder.call(store, [tmm(1), builder.gep(optr, [builder.add(obase, bsize)]),
+                                 bstride])
+        builder.call(_fn(builder, "llvm.x86.tilerelease", []), [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def screen_amx(W, XQ, XB, cfg, scale, A, N, par, lo, hi):
+    """:func:`.screen.screen_vnni` for 2..8 tokens on AMX tiles: the codes (u8) go from
+    memory straight into A tiles, each token's two vectors are two columns of B, so one
+    ``tdpbusd`` gives 16 rows x 2T sums. The same integers, so the same bounds."""
+    V, width = W.shape
+    T = XQ.shape[0]
+    groups = V // TILE_ROWS
+    gpb = BLOCK_ROWS // TILE_ROWS
+    nblocks = (groups + gpb - 1) // gpb
+    xflat = XQ.reshape(-1)
+    for b in prange(nblocks):
+        g0 = b * gpb
+        ng = min(gpb, groups - g0)
+        cout = np.empty((ng, 2, TILE_ROWS, 2 * T), np.int32)
+        _screen_rows(cfg, W, g0 * TILE_ROWS, width, ng, XB, 2 * T, cout)
+        for gi in range(ng):
+            for k in range(TILE_ROWS):
+                v = (g0 + gi) * TILE_ROWS + k
+                for t in range(T):
+                    d1 = np.int64(cout[gi, 0, k, 2 * t]) + np.int64(cout[gi, 1, k, 2 * t])
+                    d2 = (np.int64(cout[gi, 0, k, 2 * t + 1])
+                          + np.int64(cout[gi, 1, k, 2 * t + 1]))
+                    _bounds(v, t, d1, d2, scale, A, N, par, lo, hi)
+    for v in range(groups * TILE_ROWS, V):
+        for t in range(T):
+            r = _screen_dot(W, v * width, xflat, t * 2 * width, width // 64)
+            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), scale, A, N, par, lo, hi)

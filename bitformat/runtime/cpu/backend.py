@@ -117,6 +117,7 @@ class ThreadPicker:
 
 class CpuBackend(Backend):
     name = "cpu"
+    amx = False  # AMX tile kernels for batched steps (set in __init__ where they may run)
 
     def __init__(self, model: Model, *, i2s_variant: str = "x86", threads: int | None = None,
                  kernel: str | None = None, validate: bool = True, decode: str = "load"):
@@ -401,16 +402,21 @@ class CpuBackend(Backend):
 
     def _amx(self, qa: QuantizedActivations, w: CpuWeight, xg: np.ndarray, corr: np.ndarray,
              s: np.ndarray, out: np.ndarray) -> None:
-        """:func:`.amx.mm2_amx_tokens` on the rows of ``qa`` in slices of up to 16."""
+        """:func:`.amx.mm2_amx_tokens` (up to 16 rows) or :func:`.amx.mm2_amx_wide` on the
+        rows of ``qa``, in slices of up to 64."""
         T = len(s)
-        for t0 in range(0, T, A.MAX_TOKENS):
-            t1 = min(T, t0 + A.MAX_TOKENS)
+        for t0 in range(0, T, A.WIDE_TOKENS):
+            t1 = min(T, t0 + A.WIDE_TOKENS)
+            n = t1 - t0
+            pad = 0 if n <= A.MAX_TOKENS else -(-n // 16) * 16
             key = f"amx:{w.layout}:{w.kind}:{xg.shape[2]}:{t0}"
             if key not in qa.cache:
-                qa.cache[key] = A.tile_activations(xg[t0:t1], w.kind)
-            part = out if (t0, t1) == (0, T) else np.empty((t1 - t0, w.rows), np.float32)
-            self._call(A.mm2_amx_tokens, w.data.nbytes, w.data, xg[t0:t1], qa.cache[key],
-                       A.tile_config(t1 - t0), corr[t0:t1], s[t0:t1], w.scale, w.kind, part)
+                qa.cache[key] = A.tile_activations(xg[t0:t1], w.kind, pad)
+            part = out if (t0, t1) == (0, T) else np.empty((n, w.rows), np.float32)
+            kernel = A.mm2_amx_wide if pad else A.mm2_amx_tokens
+            self._call(kernel, w.data.nbytes, w.data, xg[t0:t1], qa.cache[key],
+                       A.tile_config(16 if pad else n), corr[t0:t1], s[t0:t1], w.scale, w.kind,
+                       part)
             if part is not out:
                 out[t0:t1] = part
 
@@ -503,6 +509,10 @@ class CpuBackend(Backend):
                     ) -> tuple[np.ndarray, np.ndarray]:
         lo = np.empty((xq.shape[0], t.codes.shape[0]))
         hi = np.empty_like(lo)
+        if self.amx and 2 <= xq.shape[0] <= A.SCREEN_TOKENS:  # a batched step: amx.py
+            self._call(A.screen_amx, t.codes.nbytes, t.codes, xq, A.screen_activations(xq),
+                       A.screen_config(xq.shape[0]), t.scale, t.A, t.N, par, lo, hi)
+            return lo, hi
         kernel = S.screen_vnni if self.kernel == "vnni" else S.screen_portable
         self._call(kernel, t.codes.nbytes, t.codes, xq, t.scale, t.A, t.N, par, lo, hi)
         return lo, hi
