@@ -75,7 +75,8 @@ def main() -> None:
            f"--prompt {a.prompt} --tokens {a.tokens} --repeat {a.repeat}")
     lines = [f"## {SECTION}", "",
              f"Command: `{cmd}`, under `flock /tmp/bitformat-cpu.lock`, on {bd.machine()} "
-             f"(an AMD EPYC VM shared with other work); {elapsed:.0f} s, machine CPU busy "
+             f"(lscpu's name; the project notes call this shared VM an AMD EPYC); "
+             f"{elapsed:.0f} s, machine CPU busy "
              f"{100 * share:.0f}% over the run (/proc/stat; {a.threads} threads are "
              f"{100 * a.threads / max(1, os.cpu_count() or 1):.0f}% of it). "
              "Rounds interleave the containers. q2_0, iq2_bn and iq1_bn run portable numba "
