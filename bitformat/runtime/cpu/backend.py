@@ -148,6 +148,7 @@ class CpuBackend(Backend):
                 self._embed_raw) is not None:  # (a coded head was decoded into memory already)
             self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
         self._lut = None
+        self._lut_f16: np.ndarray | None = None  # f16 -> f32 of every pattern (q2_0 kernel)
         if et == GGMLType.F32:
             self._E = self._embed_raw.view("<f4")
         elif et in (GGMLType.F16, GGMLType.BF16):
@@ -364,8 +365,10 @@ class CpuBackend(Backend):
                        out)
         elif enc == "q2_0":
             xg = self._derived(qa, "plain", w.cols)
+            if self._lut_f16 is None:
+                self._lut_f16 = H.lut16("F16")
             self._call(K.q2_portable, w.data.nbytes, w.data, xg, self._derived(qa, "blocks", 64),
-                       s, out)
+                       s, self._lut_f16, out)
         elif enc == "iq2_bn":
             xg = self._derived(qa, "arm64", w.cols)
             self._call(K.iq2bn_portable, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,
