@@ -4,7 +4,8 @@ For each container the model is converted (into a temporary folder unless ``keep
 on the backend, given a fixed prompt (:data:`PROMPT_IDS`) and one untimed warm-up decode step,
 and then ``tokens`` greedy decode steps are timed. Per token and per kernel class it reports
 the bytes read, the milliseconds and the effective GB/s; per container the totals and decode
-tokens/s.
+tokens/s. On cpu the same steps run again with the screened LM head (``screened``: the same
+tokens, its head bytes and time; :mod:`.runtime.exact_head`).
 
 Bytes are what a step reads (every class reads its tensors once per token, as
 :class:`~.runtime.loader.LoadedModel` counts them): the container's own bytes, except where the
@@ -86,6 +87,10 @@ class ContainerBench:
     tokens: list[int] = field(default_factory=list)  # the greedy tokens of the timed steps
     detail: dict[str, Any] | None = None  # wgpu: the raw profile (its own per-kind bytes)
     decode: str = ""  # rans: "load" or "fused" (see the module docstring)
+    #: cpu: the same steps with the screened head (:mod:`.runtime.exact_head`): tokens_per_s,
+    #: ms_per_token, head_ms, head_bytes and bytes_per_token per step, candidates (mean, max)
+    #: and whether its tokens equal the full head's
+    screened: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -180,13 +185,14 @@ def _timed_cpu(backend: Any, timers: _Timers) -> Iterator[None]:
 
 def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
              i2s_variant: str, decode: str = "load"
-             ) -> tuple[dict[str, float], float, list[int], float, str]:
-    """(seconds per class, wall seconds, tokens, load seconds, device) of ``tokens`` timed
-    decode steps; class seconds are totals over the steps."""
+             ) -> tuple[dict[str, float], float, list[int], float, str, dict[str, Any]]:
+    """(seconds per class, wall seconds, tokens, load seconds, device, screened) of ``tokens``
+    timed decode steps with the full head; class seconds are totals over the steps.
+    ``screened``: the same steps again with the screened head (:class:`ContainerBench`)."""
     from .runtime import load
 
     with load(path, backend="cpu", threads=threads, i2s_variant=i2s_variant,
-              decode=decode) as m:
+              decode=decode, head="screened") as m:
         load_s = m.load_seconds
         net, be = m.net, m.backend
         cache = net.new_cache(len(prompt) + 1 + tokens)
@@ -203,7 +209,37 @@ def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
         secs["other"] = max(0.0, wall - secs["ternary"] - secs["lm_head"] - secs["attention"])
         device = (f"{platform.machine()} cpu, {os.cpu_count()} cores, "
                   f"{getattr(be, 'threads', '?')} threads, numba {getattr(be, 'kernel', '?')}")
-        return secs, wall, out, load_s, device
+        return secs, wall, out, load_s, device, _run_screened(net, prompt, tokens, out)
+
+
+def _run_screened(net: Any, prompt: list[int], tokens: int, want: list[int]) -> dict[str, Any]:
+    """The timed steps of :func:`_run_cpu` again, choosing tokens with the screened head."""
+    from .runtime.models import Segment
+    from .runtime.sampling import Sampler
+
+    head, sampler = net.head, Sampler()
+    cache = net.new_cache(len(prompt) + 1 + tokens)
+    tok = net.decode([Segment(prompt, cache)], [sampler])[0]
+    tok = net.decode([Segment([tok], cache)], [sampler])[0]  # warm-up, as the full head's
+    head.reset_stats()
+    timers, out = _Timers(), []
+    select = head.select
+    head.select = timers.wrap("lm_head", select)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            tok = net.decode([Segment([tok], cache)], [sampler])[0]
+            out.append(tok)
+        wall = time.perf_counter() - t0
+    finally:
+        del head.select
+    st = head.stats.as_dict()
+    return {"tokens_per_s": tokens / wall, "ms_per_token": wall / tokens * 1e3,
+            "head_ms": timers.seconds["lm_head"] / tokens * 1e3,
+            "head_bytes": st["head_bytes_per_step"], "full_head_bytes": st["full_head_bytes"],
+            "candidates_mean": st["candidates_per_step_mean"],
+            "candidates_max": st["candidates_per_step_max"], "fallbacks": st["head_fallbacks"],
+            "same_tokens": out == want}
 
 
 def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: int,
@@ -310,10 +346,11 @@ def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int]
     with open_model(target, i2s_variant=i2s_variant) as model:
         nbytes = class_bytes(model, kv, decode)
         if backend == "cpu":
-            secs, wall, out, load_s, result.device = _run_cpu(target, prompt, tokens, threads,
-                                                              i2s_variant, decode or "load")
+            secs, wall, out, load_s, result.device, screened = _run_cpu(
+                target, prompt, tokens, threads, i2s_variant, decode or "load")
             per_class = {k: v / tokens for k, v in secs.items()}
         else:
+            screened = None
             per_class, wall, out, load_s, detail = _run_wgpu(model, dev, prompt, tokens,
                                                              repeats, decode or "load")
             result.timing = detail["clock"]
@@ -322,10 +359,12 @@ def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int]
                for k in CLASSES}
     bpt = sum(nbytes.values())
     ms = wall / tokens * 1e3
+    if screened is not None:
+        screened["bytes_per_token"] = bpt - nbytes["lm_head"] + screened["head_bytes"]
     return ContainerBench(fid, str(target), target.stat().st_size if target.is_file() else 0,
                           classes, bpt, ms, 1e3 / ms, bpt / ms / 1e6,
                           sum(c["ms"] for c in classes.values()), convert_s, load_s, out, detail,
-                          decode)
+                          decode, screened)
 
 
 # -- rendering ----------------------------------------------------------------------------------
@@ -350,6 +389,15 @@ def render(r: BenchResult) -> str:
         lines.append(f"{'':<14}{'total (wall)':<22}{_mb(c.bytes_per_token):>12}"
                      f"{c.ms_per_token:>11.3f}{c.gbps:>9.2f}{c.tokens_per_s:>10.1f}"
                      f"{c.load_s:>9.2f}")
+        sc = c.screened
+        if sc:
+            lines.append(f"{'':<14}{'screened LM head':<22}{_mb(sc['head_bytes']):>12}"
+                         f"{sc['head_ms']:>11.3f}")
+            lines.append(f"{'':<14}{'total, screened head':<22}{_mb(sc['bytes_per_token']):>12}"
+                         f"{sc['ms_per_token']:>11.3f}"
+                         f"{sc['bytes_per_token'] / sc['ms_per_token'] / 1e6:>9.2f}"
+                         f"{sc['tokens_per_s']:>10.1f}   {sc['candidates_mean']:.1f} rows "
+                         f"rescored/step{'' if sc['same_tokens'] else ', TOKENS DIFFER'}")
     if len({tuple(c.tokens) for c in r.containers}) > 1:
         lines += ["", "note: the containers decoded different tokens"]
     return "\n".join(lines)
@@ -368,6 +416,15 @@ def render_markdown(r: BenchResult) -> str:
         rows.append(f"| {c.label} | {_mb(c.bytes_per_token)} | {ms(c.ms_per_token)} | "
                     f"{c.tokens_per_s:.3g} | {c.gbps:.2f} | {c.load_s:.2f} | "
                     + " | ".join(cells) + " |")
+        sc = c.screened
+        if sc:
+            cells = ["" for _ in CLASSES]
+            cells[CLASSES.index("lm_head")] = (f"{ms(sc['head_ms'])} "
+                                               f"({sc['head_bytes'] / sc['head_ms'] / 1e6:.2f})")
+            rows.append(f"| {c.label}, screened head | {_mb(sc['bytes_per_token'])} | "
+                        f"{ms(sc['ms_per_token'])} | {sc['tokens_per_s']:.3g} | "
+                        f"{sc['bytes_per_token'] / sc['ms_per_token'] / 1e6:.2f} | | "
+                        + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

@@ -141,7 +141,7 @@ class CompileNotice:
 
 @contextlib.contextmanager
 def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
-                decode: str = "load") -> Iterator[Any]:
+                decode: str = "load", head: str = "screened") -> Iterator[Any]:
     """``load`` with a bar over the layers, the synthetic-model note, and the kernels compiled
     (or read from numba's cache) before anything is timed, saying so when they compile."""
     from .guide import is_synthetic, synthetic_note
@@ -152,7 +152,7 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
     bar = LayerBar(file, backend)
     try:
         with on_compile(notice):  # validating rans streams at load compiles the decoder
-            model = load(file, backend=backend, i2s_variant=i2s_layout, progress=bar,
+            model = load(file, backend=backend, i2s_variant=i2s_layout, progress=bar, head=head,
                          **({"threads": threads} if backend == "cpu" else {}),
                          **({"decode": decode} if backend != "numpy" else {}))
     finally:

@@ -65,6 +65,10 @@ def check_container(c: dict, r: dict) -> None:
         assert v["ms"] > 0, (c["format"], k)
         assert v["gbps"] == pytest.approx(v["bytes"] / v["ms"] / 1e6, rel=1e-9)
     assert len(c["tokens"]) == r["tokens"]
+    sc = c["screened"]  # the same steps with the screened head: the same tokens, fewer bytes
+    assert sc["same_tokens"] and not sc["fallbacks"] and sc["candidates_mean"] >= 1
+    assert sc["head_bytes"] < sc["full_head_bytes"] == want["lm_head"]
+    assert sc["bytes_per_token"] == c["bytes_per_token"] - want["lm_head"] + sc["head_bytes"]
 
 
 def test_cpu_json_bytes_times_and_plot(tiny_gguf, tmp_path):
@@ -101,7 +105,8 @@ def test_cpu_json_bytes_times_and_plot(tiny_gguf, tmp_path):
 def test_cpu_text_and_temporary_files(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     r = bench(tiny_gguf, "--formats", "tq2_0,stfma", "--tokens", 2)
-    for word in ("tq2_0", "stfma", "ternary mat-vecs", "LM head", "attention", "tok/s"):
+    for word in ("tq2_0", "stfma", "ternary mat-vecs", "LM head", "attention", "tok/s",
+                 "screened LM head", "rows rescored/step"):
         assert word in r.stdout
     assert "i2_s " not in r.stdout
     assert list(tmp_path.iterdir()) == []  # converted containers are deleted

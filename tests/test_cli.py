@@ -80,7 +80,7 @@ def test_unknown_target_is_rejected(tiny_gguf):
 def test_run_streams_and_reports(tiny_gguf):
     r = run("run", tiny_gguf, "-p", "def f(x):", "-n", 6, "--backend", "numpy")
     assert r.exit_code == 0, r.output
-    assert "tok/s" in r.output and "MB of weights" in r.output
+    assert "tok/s" in r.output and "MB read per token" in r.output and "screened head" in r.output
 
 
 def test_run_json_matches_python_api(tiny_gguf):
@@ -93,7 +93,16 @@ def test_run_json_matches_python_api(tiny_gguf):
         want = m.generate([1, 2, 3], 5)
     assert out["tokens"] == want.tokens and out["text"] == want.text
     assert out["generated_tokens"] == len(want.tokens)
-    assert out["bytes_read_per_token"] >= m.weight_bytes_per_token
+    # the screened head reads its int8 screen and a few rows instead of the f16 head
+    head = m.args.vocab_size * m.args.dim * 2
+    assert out["head"] == "screened" and not out["head_fallbacks"]
+    assert m.weight_bytes_per_token - head < out["bytes_read_per_token"]
+    assert out["bytes_read_per_token"] < m.weight_bytes_per_token
+    assert 1 <= out["candidates_per_step_mean"] <= out["candidates_per_step_max"]
+    full = json.loads(run("run", tiny_gguf, "--prompt-ids", "1,2,3", "-n", 5, "--json",
+                          "--head", "full").stdout)
+    assert full["tokens"] == out["tokens"] and full["head"] == "full"
+    assert full["bytes_read_per_token"] >= m.weight_bytes_per_token
 
 
 def test_run_bad_requests(tiny_gguf):

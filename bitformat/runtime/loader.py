@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 
 from ..container import open_model
-from ..errors import MetadataError, RequestError
+from ..errors import BitformatError, MetadataError, RequestError
 from ..modelfile import Model
+from ..validate import model_args, validate_model
 from .backend import Backend
+from .exact_head import HEAD_MODES, Head
 from .generate import (
     GenerationResponse,
     GenerationResult,
@@ -26,7 +28,8 @@ from .generate import (
     collect,
     stream_generate,
 )
-from .models import BitNet, ModelArgs
+from .models import ModelArgs, Segment, model_class
+from .sampling import Sampler
 
 BACKENDS = ("numpy", "cpu", "wgpu")
 
@@ -34,22 +37,27 @@ BACKENDS = ("numpy", "cpu", "wgpu")
 class LoadedModel:
     """A model on a backend, with its tokenizer (None if the file has none).
 
-    Attributes: ``args`` (:class:`ModelArgs`), ``net`` (:class:`BitNet`), ``backend``,
+    Attributes: ``args`` (:class:`ModelArgs`), ``net`` (a :class:`~.models.Transformer`),
+    ``backend``,
     ``tokenizer``, ``container`` (the format id of its ternary tensors),
     ``weight_bytes_per_token`` and ``last_stats`` (the last generation's timings).
     """
 
     def __init__(self, container: Model, backend: Backend, args: ModelArgs, tokenizer: Any, *,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, head: str = "screened"):
         self.container_model = container
         self.backend = backend
         self.args = args
-        if backend.name == "wgpu":  # the whole model on the device, one command buffer a token
+        if backend.name == "wgpu" and args.family.id == "bitnet-2b4t" \
+                and backend.head_name == "token_embd.weight":
+            # the whole model on the device, one command buffer a token
             from .wgpu.network import WgpuBitNet
 
             self.net = WgpuBitNet(args, backend, progress=progress)
+            # the device runs the full head (a screened one is not built for wgpu yet)
+            self._head = Head(backend, head)
         else:
-            self.net = BitNet(args, backend, progress=progress)
+            self.net = model_class(args)(args, backend, progress=progress, head=head)
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once: in
@@ -59,21 +67,34 @@ class LoadedModel:
         self.load_seconds = 0.0
         self.last_stats = GenerationStats(weight_bytes_per_token=self.weight_bytes_per_token)
 
-    def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:
-        """Token ids of a prompt (``chat``: as one user turn of the chat template)."""
+    def encode(self, prompt: str | Sequence[int], *, chat: bool = False,
+               system: str | None = None) -> list[int]:
+        """Token ids of a prompt (``chat``: as one user turn of the chat template, after the
+        ``system`` prompt if given)."""
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer: pass token ids")
-        if chat:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            return self.tokenizer.encode(text, add_bos=False)
-        return self.tokenizer.encode(prompt)
+        try:
+            if chat:
+                head = [{"role": "system", "content": system}] if system else []
+                text = self.tokenizer.apply_chat_template(
+                    head + [{"role": "user", "content": prompt}])
+                return self.tokenizer.encode(text, add_bos=False)
+            return self.tokenizer.encode(prompt)
+        except MetadataError as exc:  # the file's chat template fails: name the file
+            if exc.path is not None:
+                raise
+            raise MetadataError(exc.problem, path=self.container_model.path) from None
 
     def stream_generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
-                        chat: bool = False, **sampling) -> Iterator[GenerationResponse]:
-        """Yield :class:`GenerationResponse` pieces; see :func:`.generate.stream_generate`."""
-        ids = self.encode(prompt, chat=chat)
+                        chat: bool = False, system: str | None = None, **sampling
+                        ) -> Iterator[GenerationResponse]:
+        """Yield :class:`GenerationResponse` pieces; see :func:`.generate.stream_generate`.
+        ``chat``/``system``: wrap the prompt in the chat template (:meth:`encode`).
+        ``head_stats()`` then describes what the head read over this generation."""
+        ids = self.encode(prompt, chat=chat, system=system)
+        self.head.reset_stats()
         for r in stream_generate(self.net, self.tokenizer, ids, max_new_tokens=max_new_tokens,
                                  weight_bytes=self.weight_bytes_per_token, **sampling):
             self.last_stats = r.stats
@@ -83,6 +104,27 @@ class LoadedModel:
                  ) -> GenerationResult:
         """The whole answer: text, token ids, finish reason and stats."""
         return collect(self.stream_generate(prompt, max_new_tokens, **kwargs))
+
+    @property
+    def head(self) -> Head:
+        """The LM head the model chooses tokens with (:class:`.exact_head.Head`)."""
+        return getattr(self.net, "head", None) or self._head
+
+    def head_stats(self) -> dict[str, Any]:
+        """The head mode and what it did since the last generation started: candidates
+        rescored per step (mean, max), fallbacks to the full head (reason -> rows), and the
+        bytes a decode step read (``bytes_read_per_token``: the ternary matrices, norms, the
+        head's screen and candidate rows, and the last step's KV cache)."""
+        d = self.head.stats.as_dict()
+        if self.backend.name == "wgpu":  # every step runs the device's full head
+            d["head"] = "full"
+            if self.head.mode == "screened":
+                d["head_fallbacks"] = {self.head.unavailable: self.last_stats.generated_tokens}
+            d["head_bytes_per_step"] = self.head.full_bytes
+        rest = self.weight_bytes_per_token - self.head.full_bytes
+        d["bytes_read_per_token"] = int(rest + d["head_bytes_per_step"]
+                                        + self.last_stats.kv_bytes_last_token)
+        return d
 
     def warmup(self) -> float:
         """Run every kind of step once on a throw-away cache and return the seconds it took.
@@ -99,12 +141,14 @@ class LoadedModel:
         if self.backend.name == "numpy":
             return 0.0
         prompt = [0] * 18
-        cache = self.net.new_cache(len(prompt) + 4)
+        cache = self.net.new_cache(len(prompt) + 5)
         self.net.forward(prompt, cache)
         self.net.forward(prompt[:2], cache)
         self.net.forward(prompt[:1], cache)
         if hasattr(self.net, "forward_argmax"):
             self.net.forward_argmax(prompt[:1], cache)
+        else:  # the head as a token is chosen (the screened head's kernels)
+            self.net.decode([Segment(prompt[:1], cache)], [Sampler()])
         return time.perf_counter() - t0
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
@@ -123,9 +167,9 @@ class LoadedModel:
 
 def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32",
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
-         decode: str = "load", progress: Callable[[int, int], None] | None = None
-         ) -> LoadedModel:
-    """Open a BitNet container (any format, or an HF folder) on ``backend``.
+         decode: str = "load", progress: Callable[[int, int], None] | None = None,
+         head: str = "screened") -> LoadedModel:
+    """Open a ternary model (any container, or an HF folder) of any family on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
     "float32" or "float64"). ``threads`` fixes the cpu backend's thread count; by default it
@@ -135,10 +179,15 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     ``decode`` (rans containers, cpu and wgpu): "load" decodes the rANS streams once at load
     into 2-bit rows that the fastest kernels read; "fused" decodes them inside every mat-vec
     (fewer bytes held and read, several times slower). A coded LM head is decoded into f16
-    at load either way. ``LoadedModel.load_seconds`` says how long loading took.
+    at load either way. ``head``: "screened" (the default: the full head's exact tokens from
+    an int8 screen of the head and the rows it cannot rule out, docs/exact-head.md) or "full"
+    (every logit, every step); the wgpu backend runs the full head either way.
+    ``LoadedModel.load_seconds`` says how long loading took.
     ``progress(layer, n_layers)`` is called as each layer's weights are ready (loading the
     2B-4T model takes seconds). Kernels compile on first use: :meth:`LoadedModel.warmup`.
     """
+    if head not in HEAD_MODES:
+        raise RequestError(f"head must be {' or '.join(HEAD_MODES)}, got {head!r:.20}")
     if decode not in ("load", "fused"):
         raise RequestError(f"decode must be load or fused, got {decode!r:.20}")
     t0 = time.perf_counter()
@@ -148,12 +197,10 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         raise RequestError(f"the {backend} backend does not run in {dtype}")
     container = open_model(path, i2s_variant=i2s_variant)
     try:
-        meta = {k: v.plain() for k, v in container.metadata.items()}
-        vocab = container.entry("token_embd.weight").shape[0]
-        args = ModelArgs.from_metadata(meta, vocab_size=vocab)
-        if args.vocab_size != vocab:
-            raise MetadataError(f"vocab_size {args.vocab_size} but token_embd has {vocab} rows",
-                                path=str(path))
+        args: ModelArgs = model_args(container)
+        # every tensor the architecture needs, with the shape its config implies, and config
+        # values in range: the kernels below only ever see validated shapes
+        validate_model(container, args, values="error")
         if backend == "cpu":
             from .cpu.backend import CpuBackend
 
@@ -172,8 +219,13 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         if "tokenizer.ggml.tokens" in container.metadata:
             from ..tokenizer import Tokenizer
 
-            tokenizer = Tokenizer(container.metadata)
-        loaded = LoadedModel(container, be, args, tokenizer, progress=progress)
+            try:
+                tokenizer = Tokenizer(container.metadata)
+            except BitformatError as exc:
+                if exc.path is not None:
+                    raise
+                raise type(exc)(exc.problem, path=str(path), tensor=exc.tensor) from None
+        loaded = LoadedModel(container, be, args, tokenizer, progress=progress, head=head)
         loaded.load_seconds = time.perf_counter() - t0
         return loaded
     except BaseException:

@@ -15,9 +15,11 @@ import numpy as np
 
 from ..modelfile import Model
 from ..ternary import TernaryTensor
+from . import exact_head as EH
 from .backend import Backend, QuantizedActivations, TernarySource, ternary_source
 
 ROW_BLOCK_VALUES = 1 << 20  # trits decoded at a time
+HEAD_BLOCK = 4096  # embedding rows converted at a time by the LM head
 
 
 @dataclass
@@ -33,6 +35,7 @@ class NumpyBackend(Backend):
 
     def __init__(self, model: Model, *, dtype: type = np.float32, i2s_variant: str = "x86"):
         super().__init__(model, dtype=dtype, i2s_variant=i2s_variant)
+        self._screen: EH.ScreenTables | None = None
 
     def weight(self, name: str) -> NumpyWeight:
         src = ternary_source(self.model, name, self.i2s_variant)
@@ -71,10 +74,41 @@ class NumpyBackend(Backend):
         return out
 
     def lm_head(self, h: np.ndarray) -> np.ndarray:
-        """``[T, dim] -> [T, vocab]`` against ``token_embd``, converted 4096 rows at a time."""
+        """``[T, dim] -> [T, vocab]`` against the head (``output.weight`` or the tied
+        ``token_embd``), converted 4096 rows at a time."""
         out = np.empty((h.shape[0], self.vocab), dtype=self.dtype)
-        step = 4096
-        for v0 in range(0, self.vocab, step):
-            ids = np.arange(v0, min(self.vocab, v0 + step))
-            out[:, v0: v0 + len(ids)] = h @ self.embed(ids).T
+        for v0 in range(0, self.vocab, HEAD_BLOCK):
+            out[:, v0: v0 + HEAD_BLOCK] = self._head_block(h, v0)
         return out
+
+    def _head_block(self, h: np.ndarray, v0: int) -> np.ndarray:
+        return h @ self.head_weights(np.arange(v0, min(self.vocab, v0 + HEAD_BLOCK))).T
+
+    # -- the screened head's reference (exact_head.py) -------------------------------------------
+    head_itemsize = 2  # what the bytes count: an f16 head
+
+    def screen_tables(self) -> EH.ScreenTables:
+        if self._screen is None:
+            E = self.head_weights(np.arange(self.vocab)).astype(np.float64)
+            unit = 2.0 ** -24 if self.dtype == np.float32 else 2.0 ** -53
+            # BLAS sums in an order of its own: any tree of dim products
+            self._screen = EH.ScreenTables.build(*EH.quantize_head(E), self.dim, self.dim + 2,
+                                                 unit)
+        return self._screen
+
+    def head_bounds(self, t, xq, par):
+        return EH.bounds_numpy(t, xq, par)
+
+    def head_rows(self, h: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Logits of rows ``ids``: the blocks of :meth:`lm_head` that hold them, computed as it
+        computes them (BLAS may sum a block of other rows in another order)."""
+        out = np.empty((h.shape[0], len(ids)), dtype=self.dtype)
+        for v0 in np.unique(ids // HEAD_BLOCK) * HEAD_BLOCK:
+            sel = (ids >= v0) & (ids < v0 + HEAD_BLOCK)
+            out[:, sel] = self._head_block(h, int(v0))[:, ids[sel] - v0]
+        return out
+
+    def head_rows_bytes(self, ids: np.ndarray) -> int:
+        blocks = np.unique(ids // HEAD_BLOCK)
+        rows = sum(min(HEAD_BLOCK, self.vocab - int(b) * HEAD_BLOCK) for b in blocks)
+        return rows * self.dim * self.head_itemsize

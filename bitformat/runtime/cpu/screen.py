@@ -1,0 +1,163 @@
+"""The screened LM head's kernels on the ``cpu`` backend (docs/exact-head.md).
+
+At load, :func:`quantize_bits` turns each embedding row ``e`` (f16, bf16 or f32 values) into int8
+codes ``c`` with one float64 scale ``d`` (``max|e| / 127``), stored as ``c + 128`` (uint8, rows
+padded to 64 bytes with value 0) so that vpdpbusd (u8 x s8) reads them, and the two norms the
+bound needs: ``||e - d c||`` and ``||d c||`` (float64, per row). Per step, a hidden state ``x``
+becomes two int8 vectors ``q1 + q2 / 254 ~ x s`` (:func:`..exact_head.split_hidden`), so the
+screen's integer sums are exact and its only errors are the two quantizations, which the bound
+covers through Cauchy-Schwarz. :func:`screen_vnni` (AVX512-VNNI: one code load, two vpdpbusd per 64
+values and token) and :func:`screen_portable` (plain numba) give the same integers; both write
+each row's lower and upper bound on the full head's logit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..exact_head import FINE, REL
+from .kernels import _load64, _prefetch
+
+#: bytes ahead that the screen prefetches
+SCREEN_PREFETCH = 2048
+_I32x16 = ir.VectorType(ir.IntType(32), 16)
+
+
+@njit(inline="always")
+def _quantize_row(e, v, codes, scale, dnorm, qnorm, enorm, bad):
+    """Row v's float64 values ``e`` into its codes, scale and norms (:func:`quantize_bits`)."""
+    h = e.size
+    m = 0.0
+    fin = True
+    for k in range(h):
+        if not math.isfinite(e[k]):
+            fin = False
+        a = abs(e[k])
+        if a > m:
+            m = a
+    bad[v] = 0 if fin else 1
+    d = m / 127.0 if fin else 0.0
+    scale[v] = d
+    inv = 1.0 / d if d > 0 else 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    for k in range(h):
+        c = min(127.0, max(-127.0, np.rint(e[k] * inv))) if fin else 0.0
+        codes[v, k] = np.uint8(np.int32(c) + 128)
+        r = e[k] - c * d
+        s1 += r * r
+        s2 += (c * d) * (c * d)
+        s3 += e[k] * e[k]
+    for k in range(h, codes.shape[1]):
+        codes[v, k] = 128
+    dnorm[v] = math.sqrt(s1)
+    qnorm[v] = math.sqrt(s2)
+    enorm[v] = math.sqrt(s3)
+
+
+@njit(parallel=True, cache=True)
+def quantize_bits(E, lut, codes, scale, dnorm, qnorm, enorm, bad):
+    """Rows of ``E`` (uint16 bits, valued by ``lut``) into ``codes`` (uint8 ``c + 128``, padding
+    128), ``scale`` d, ``||e - d c||``, ``||d c||``, ``||e||`` (float64, as evaluated) and
+    ``bad[v]`` = 1 where the row holds a NaN or an infinity (its codes are then 0)."""
+    V, h = E.shape
+    for v in prange(V):
+        e = np.empty(h)
+        for k in range(h):
+            e[k] = lut[E[v, k]]
+        _quantize_row(e, v, codes, scale, dnorm, qnorm, enorm, bad)
+
+
+@njit(parallel=True, cache=True)
+def quantize_f32(E, codes, scale, dnorm, qnorm, enorm, bad):
+    """:func:`quantize_bits` for float32 rows."""
+    V, h = E.shape
+    for v in prange(V):
+        e = np.empty(h)
+        for k in range(h):
+            e[k] = E[v, k]
+        _quantize_row(e, v, codes, scale, dnorm, qnorm, enorm, bad)
+
+
+@intrinsic
+def _screen_dot(typingctx, w, w_off, x, x_off, n):
+    """(D1, D2): u8 codes ``w[w_off + 64 i : +64]`` times the int8 ``x[x_off + 64 i]`` (q1)
+    and ``x[x_off + width + 64 i]`` (q2) over n chunks; ``width = 64 n``. Exact int32."""
+    sig = types.UniTuple(types.int32, 2)(w, types.intp, x, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        w_arr, w_off, x_arr, x_off, n = args
+        wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+        xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
+        vp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            _I32x16, [_I32x16] * 3), "llvm.x86.avx512.vpdpbusd.512")
+        red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.IntType(32), [_I32x16]), "llvm.vector.reduce.add.v16i32")
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x16, None)) for _ in range(2)]
+        width = builder.mul(n, ir.Constant(n.type, 64))
+        with cgutils.for_range(builder, n) as loop:
+            off = builder.mul(loop.index, ir.Constant(n.type, 64))
+            woff = builder.add(w_off, off)
+            _prefetch(builder, wptr, builder.add(woff, ir.Constant(n.type, SCREEN_PREFETCH)))
+            wv = builder.bitcast(_load64(builder, wptr, woff), _I32x16)
+            xo = builder.add(x_off, off)
+            for j, acc in enumerate(accs):
+                at = builder.add(xo, width) if j else xo
+                xv = builder.bitcast(_load64(builder, xptr, at), _I32x16)
+                builder.store(builder.call(vp, [builder.load(acc), wv, xv]), acc)
+        out = [builder.call(red, [builder.load(a)]) for a in accs]
+        return context.make_tuple(builder, signature.return_type, out)
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _bounds(v, t, d1, d2, scale, A, N, par, lo, hi):
+    """Row v, token t: the approximate logit from its integer sums and the bound around it.
+    ``par[t]``: (coef, nx, ndx, absolute slack, sum q1, sum q2)."""
+    d1 -= 128 * np.int64(par[t, 4])  # the codes are stored as c + 128
+    d2 -= 128 * np.int64(par[t, 5])
+    a = scale[v] * np.float64(FINE * d1 + d2) * par[t, 0]
+    b = (A[v] * par[t, 1] + N[v] * par[t, 2] + abs(a) * 2.0 ** -45 + par[t, 3]) * (1.0 + REL)
+    lo[t, v] = a - b
+    hi[t, v] = a + b
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def screen_vnni(W, XQ, scale, A, N, par, lo, hi):
+    """Bounds ``lo[t, v] <= l[t, v] <= hi[t, v]`` for every row v of the uint8 codes ``W``
+    [V, width] and every token t of ``XQ`` int8 [T, 2, width] (``exact_head.split_hidden``)."""
+    V, width = W.shape
+    T = XQ.shape[0]
+    n = width // 64
+    xflat = XQ.reshape(-1)
+    for v in prange(V):
+        for t in range(T):
+            r = _screen_dot(W, v * width, xflat, t * 2 * width, n)
+            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), scale, A, N, par, lo, hi)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def screen_portable(W, XQ, scale, A, N, par, lo, hi):
+    """:func:`screen_vnni` in plain numba (the same integers)."""
+    V, width = W.shape
+    T = XQ.shape[0]
+    for v in prange(V):
+        wr = W[v]
+        for t in range(T):
+            x1 = XQ[t, 0]
+            x2 = XQ[t, 1]
+            d1 = np.int32(0)
+            d2 = np.int32(0)
+            for k in range(width):
+                c = np.int32(wr[k])
+                d1 += c * np.int32(x1[k])
+                d2 += c * np.int32(x2[k])
+            _bounds(v, t, np.int64(d1), np.int64(d2), scale, A, N, par, lo, hi)

@@ -1,0 +1,300 @@
+"""The screened LM head: the full head's tokens from a fraction of its bytes (docs/exact-head.md).
+
+The full head computes every logit ``l_v = E[v] . x`` from the f16 (bf16, f32) embedding. The
+screened head reads an int8 copy of it instead (``E[v] ~ d_v c_v``, derived at load) and gets,
+per row, an approximate logit ``a_v`` and a rigorous bound ``B_v >= |a_v - l_v|`` on the float32
+value the full kernel would produce: the int8 rounding of the row, the rounding of the hidden
+state into two int8 vectors, and the full kernel's own float rounding (from its summation
+depth). Whatever the sampler needs is then decided from the bounds where they decide it, and
+only the rows they leave open (the candidates) are computed by the very same full kernel:
+
+- greedy: the candidates are the rows whose upper bound reaches the largest lower bound;
+- temperature (Gumbel-max, :mod:`.sampling`): the same on ``bound / T + g_v`` with the step's
+  own noise ``g``;
+- top-k: the rows whose upper bound reaches the k-th largest lower bound hold the exact top-k
+  set; top-p and min-p then act on it exactly;
+- repetition penalty: monotone, so it moves the bounds of the penalized rows.
+
+The token then comes from :meth:`.sampling.Sampler.pick` on a vector holding the candidates'
+exact logits and ``-inf`` elsewhere: the same choice as on the full logits. What needs every
+logit (top-p or min-p without top-k), a hidden state with NaN or infinity, a head with them,
+or logits that could overflow, falls back to the full head, and :class:`HeadStats` counts it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import RequestError
+from .sampling import Sampler, pick_tokens
+
+HEAD_MODES = ("screened", "full")
+
+#: the second int8 vector of the hidden state splits the first one's rounding into this many
+#: steps, so ``x`` is held to ``1 / (2 FINE s)`` per value
+FINE = 254
+#: relative slack for the few float64 operations after a norm (2^-40, each is within 2^-53)
+REL = 2.0 ** -40
+#: the full head's logits may not come near float32's largest value (2^128)
+OVERFLOW = 2.0 ** 120
+
+
+def norm_slack(n: int) -> float:
+    """Relative slack on a float64 norm of n values: a sum of n squares is within (n + 1)
+    roundings (2^-53 each) of the exact one, the square root one more."""
+    return (n + 8) * 2.0 ** -52 + REL
+
+
+def split_hidden(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """One hidden state (float32 or float64 ``[dim]``) as the screen's input.
+
+    Returns ``xq`` int8 ``[2, width]`` (``q1`` then ``q2``, zero-padded) with ``x ~ (q1 + q2 /
+    FINE) / s``, and ``par`` float64 ``[6]``: ``1 / (FINE s)`` (a row's approximate logit is ``d
+    * (FINE * D1 + D2) / (FINE s)`` for its integer sums D1, D2), upper bounds on ``||x||`` and
+    on ``||x - (q1 + q2 / FINE) / s||``, a slot for the absolute slack, ``sum(q1)``, ``sum(q2)``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    m = float(np.max(np.abs(x))) if x.size else 0.0
+    s = 127.0 / m if m > 0 else 1.0
+    y = x * s
+    q1 = np.clip(np.rint(y), -127, 127)
+    q2 = np.clip(np.rint((y - q1) * FINE), -127, 127)
+    dx = x - (q1 + q2 / FINE) / s
+    xq = np.zeros((2, width), np.int8)
+    xq[0, : x.size], xq[1, : x.size] = q1, q2
+    rel = norm_slack(x.size)
+    # dx as evaluated is off by a few ulps of m per value: sqrt(dim) * m * 2^-48 covers them
+    ndx = math.sqrt(float(np.dot(dx, dx))) * (1 + rel) + math.sqrt(x.size) * m * 2.0 ** -48
+    nx = math.sqrt(float(np.dot(x, x))) * (1 + rel)
+    return xq, np.array([1.0 / (FINE * s), nx, ndx, 0.0, q1.sum(), q2.sum()])
+
+
+def padded(dim: int) -> int:
+    """Bytes per row of the screen's codes: ``dim`` rounded up to 64 (one vpdpbusd)."""
+    return -(-dim // 64) * 64
+
+
+@dataclass
+class ScreenTables:
+    """The int8 copy of the head and what bounds each row's error (built at load)."""
+
+    codes: np.ndarray  # uint8 [V, padded(dim)]: c + 128 (padding: 128, i.e. value 0)
+    scale: np.ndarray  # float64 [V]: d = max|e| / 127
+    A: np.ndarray  # float64 [V]: bound per unit of ||x||: ||e - d c|| + gamma_D ||e||
+    N: np.ndarray  # float64 [V]: bound per unit of ||x - x^||: ||d c||
+    max_enorm: float  # max ||e||, for the overflow check
+    bad_rows: int  # rows holding NaN or infinity
+    depth: int  # roundings a product passes through in the full kernel
+    unit: float  # the full kernel's unit roundoff (2^-24 for float32)
+
+    @classmethod
+    def build(cls, codes, scale, dnorm, qnorm, enorm, bad, dim: int, depth: int,
+              unit: float) -> ScreenTables:
+        """From the exact-math pieces (float64, as evaluated): rounds every term up."""
+        rel = norm_slack(dim)
+        du = depth * unit
+        gamma = du / (1 - du)
+        # e - d c as evaluated is within 2 ulps of max|e| = 127 d per value
+        A = (dnorm * (1 + rel) + math.sqrt(dim) * 127 * scale * 2.0 ** -50
+             + gamma * enorm * (1 + rel)) * (1 + REL)
+        N = qnorm * (1 + rel) * (1 + REL)
+        good = ~np.asarray(bad, bool)
+        return cls(codes, np.asarray(scale, np.float64), A, N,
+                   float(enorm[good].max()) if good.any() else 0.0, int((~good).sum()),
+                   depth, unit)
+
+    @property
+    def nbytes(self) -> int:
+        """What one screen of one token reads: the codes, the scales and both bound terms."""
+        return self.codes.nbytes + self.scale.nbytes + self.A.nbytes + self.N.nbytes
+
+    def absolute_slack(self) -> float:
+        """Underflow: each rounding of the full kernel may also lose up to its smallest normal
+        (2^-126 in float32, flushed or not)."""
+        tiny = 2.0 ** -125 if self.unit >= 2.0 ** -24 else 2.0 ** -1021
+        return self.depth * tiny
+
+    def prepare(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The screen's inputs for hidden states ``h`` [n, dim]: ``(XQ [n, 2, width], par [n,
+        6])``, or None where the bound does not hold (NaN/inf, possible overflow)."""
+        width = self.codes.shape[1]
+        xq = np.empty((h.shape[0], 2, width), np.int8)
+        par = np.empty((h.shape[0], 6))
+        for t in range(h.shape[0]):
+            xq[t], par[t] = split_hidden(h[t], width)
+            if not np.isfinite(par[t, 1]) or self.max_enorm * par[t, 1] * 2 > OVERFLOW:
+                return None
+        par[:, 3] = self.absolute_slack()
+        return xq, par
+
+
+def quantize_head(E: np.ndarray) -> tuple[np.ndarray, ...]:
+    """numpy reference of :func:`.cpu.screen.quantize_head`: rows of ``E`` (float values) ->
+    ``(codes, scale, ||e - d c||, ||d c||, ||e||, bad)``."""
+    E = np.asarray(E, dtype=np.float64)
+    V, h = E.shape
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(E).all(axis=1)
+        m = np.where(bad, 0.0, np.abs(np.where(np.isfinite(E), E, 0)).max(axis=1, initial=0))
+        d = m / 127.0
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+        c = np.where(bad[:, None], 0.0, np.clip(np.rint(E * inv[:, None]), -127, 127))
+        r = E - c * d[:, None]
+        dnorm = np.sqrt((r * r).sum(axis=1))
+        qnorm = np.sqrt(((c * d[:, None]) ** 2).sum(axis=1))
+        enorm = np.sqrt((E * E).sum(axis=1))
+    codes = np.full((V, padded(h)), 128, np.uint8)
+    codes[:, :h] = (c + 128).astype(np.uint8)
+    return codes, d, dnorm, qnorm, enorm, bad
+
+
+def bounds_numpy(t: ScreenTables, xq: np.ndarray, par: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """numpy reference of the screen kernels: ``(lo, hi)`` float64 [n, V]."""
+    c = t.codes.astype(np.float64) - 128  # exact integers: the products and sums are exact
+    d1 = xq[:, 0].astype(np.float64) @ c.T  # [n, V]
+    d2 = xq[:, 1].astype(np.float64) @ c.T
+    a = t.scale * (FINE * d1 + d2) * par[:, :1]
+    b = (t.A * par[:, 1:2] + t.N * par[:, 2:3] + np.abs(a) * 2.0 ** -45
+         + par[:, 3:4]) * (1.0 + REL)
+    return a - b, a + b
+
+
+@dataclass
+class HeadStats:
+    """What the head did over a generation: per step, how many rows it rescored."""
+
+    mode: str
+    steps: int = 0
+    rows: int = 0
+    screened_rows: int = 0
+    candidates: list[int] = field(default_factory=list)  # rows rescored, per screened step
+    fallbacks: Counter = field(default_factory=Counter)  # reason -> rows
+    head_bytes: int = 0  # bytes the head read, all steps
+    full_bytes: int = 0  # what the full head reads per step
+
+    def as_dict(self) -> dict[str, Any]:
+        c = np.asarray(self.candidates or [0])
+        return {"head": self.mode, "head_steps": self.steps,
+                "candidates_per_step_mean": float(c.mean()),
+                "candidates_per_step_max": int(c.max()),
+                "head_fallbacks": dict(self.fallbacks),
+                "head_bytes_per_step": self.head_bytes / max(self.steps, 1),
+                "full_head_bytes": self.full_bytes}
+
+
+class Head:
+    """Chooses the tokens of final hidden states with the full or the screened head.
+
+    ``backend`` provides ``lm_head(h)``; for the screened head also ``screen_tables()`` (or
+    None where it has no screen), ``head_bounds(tables, xq, par) -> (lo, hi)``, ``head_rows(h,
+    ids)`` (the full kernel's logits of rows ``ids``, the same bits as ``lm_head``) and
+    ``head_rows_bytes(ids)``. ``check``: also compute the full logits every step and assert
+    every bound and every token (tests).
+    """
+
+    def __init__(self, backend, mode: str = "screened", *, check: bool = False):
+        if mode not in HEAD_MODES:
+            raise RequestError(f"head must be {' or '.join(HEAD_MODES)}, got {mode!r:.20}")
+        self.be, self.check = backend, check
+        self.tables: ScreenTables | None = None
+        self.unavailable = None  # why a screened head runs the full one
+        if mode == "screened":
+            make = getattr(backend, "screen_tables", None)
+            self.tables = make() if make is not None else None
+            if self.tables is None:
+                self.unavailable = f"no screened head on the {backend.name} backend"
+            elif self.tables.bad_rows:
+                self.unavailable = f"the head has NaN or infinity in {self.tables.bad_rows} rows"
+        self.mode = mode
+        self.full_bytes = backend.vocab * backend.dim * int(getattr(backend, "head_itemsize", 2))
+        self.stats = HeadStats(mode, full_bytes=self.full_bytes)
+
+    def reset_stats(self) -> None:
+        self.stats = HeadStats(self.mode, full_bytes=self.full_bytes)
+
+    def _full(self, h: np.ndarray, samplers: Sequence[Sampler], reason: str | None
+              ) -> list[int]:
+        st = self.stats
+        st.head_bytes += self.full_bytes
+        if reason:
+            st.fallbacks[reason] += len(samplers)
+        return pick_tokens(self.be.lm_head(h), samplers)
+
+    def select(self, h: np.ndarray, samplers: Sequence[Sampler]) -> list[int]:
+        """The token each row of ``h`` [n, dim] leads to: the full head's choice."""
+        st = self.stats
+        st.steps += 1
+        st.rows += len(samplers)
+        if self.mode == "full":
+            return self._full(h, samplers, None)
+        if self.unavailable:
+            return self._full(h, samplers, self.unavailable)
+        for s in samplers:  # one such row makes the step read the whole head anyway
+            p = s.params
+            if not p.greedy and p.top_k == 0 and (p.top_p < 1.0 or p.min_p > 0.0):
+                return self._full(h, samplers, "top-p or min-p without top-k")
+        if not np.isfinite(h).all():
+            return self._full(h, samplers, "hidden state not finite")
+        prep = self.tables.prepare(h)
+        if prep is None:
+            return self._full(h, samplers, "logits could overflow")
+        lo, hi = self.be.head_bounds(self.tables, *prep)
+        sets = [self._candidates(lo[r], hi[r], s) for r, s in enumerate(samplers)]
+        ids = np.unique(np.concatenate(sets))
+        exact = self.be.head_rows(h, ids)  # [n, len(ids)]
+        if not np.isfinite(exact).all():
+            return self._full(h, samplers, "logits not finite")
+        st.screened_rows += len(samplers)
+        st.candidates.append(int(ids.size))
+        st.head_bytes += self.tables.nbytes + self.be.head_rows_bytes(ids)
+        tokens = []
+        for r, s in enumerate(samplers):
+            z = np.full(self.be.vocab, -np.inf, exact.dtype)
+            z[ids] = exact[r]
+            tokens.append(s.pick(z))
+        if self.check:
+            self._check(h, samplers, lo, hi, tokens)
+        return tokens
+
+    def _candidates(self, lo: np.ndarray, hi: np.ndarray, s: Sampler) -> np.ndarray:
+        """Rows whose exact logit this sampler may need (module docstring)."""
+        # the sampler rounds logits to float32 and penalizes them, both monotone: the same
+        # maps on the bounds bound what it compares. Float32 logits need no rounding, so
+        # there only the penalized rows are mapped.
+        pen = s.penalized_ids()
+        if self.be.dtype != np.float32:
+            lo = s.penalize(lo.astype(np.float32)).astype(np.float64)
+            hi = s.penalize(hi.astype(np.float32)).astype(np.float64)
+        elif pen.size:
+            pen = pen[pen < lo.size]
+            lo, hi = lo.copy(), hi.copy()
+            lo[pen] = s.penalize(lo[pen].astype(np.float32), pen)
+            hi[pen] = s.penalize(hi[pen].astype(np.float32), pen)
+        p, V = s.params, lo.size
+        k = p.top_k if 0 < p.top_k < V else 0
+        if p.greedy:
+            return np.flatnonzero(hi >= lo.max())
+        if k:
+            return np.flatnonzero(hi >= np.partition(lo, -k)[-k])
+        g = s.noise(V)
+        ylo, yhi = lo / p.temperature + g, hi / p.temperature + g
+        return np.flatnonzero(yhi >= ylo.max())
+
+    def _check(self, h, samplers, lo, hi, tokens) -> None:
+        full = self.be.lm_head(h).astype(np.float64)
+        for r, s in enumerate(samplers):
+            bad = np.flatnonzero((full[r] < lo[r]) | (full[r] > hi[r]))
+            if bad.size:
+                v = int(bad[0])
+                raise AssertionError(f"bound broken at row {v}: {lo[r, v]!r} <= "
+                                     f"{full[r, v]!r} <= {hi[r, v]!r} fails")
+            want = s.pick(full[r].astype(self.be.dtype))
+            if want != tokens[r]:
+                raise AssertionError(f"screened token {tokens[r]} != full head's {want}")

@@ -1,0 +1,278 @@
+"""The screened LM head (runtime/exact_head.py, cpu/screen.py): the same tokens as the full head.
+
+Every ``Head(..., check=True)`` below also computes the full logits on every step, asserts that
+each row's logit lies inside its bounds and that the token is the full head's choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bitformat.constants import GGMLType
+from bitformat.runtime import exact_head as EH
+from bitformat.runtime.exact_head import Head
+from bitformat.runtime.sampling import Sampler, SamplingParams
+
+SAMPLINGS = {
+    "greedy": SamplingParams(),
+    "greedy+penalty": SamplingParams(repetition_penalty=1.3),
+    "temp": SamplingParams(temperature=0.7, seed=11),
+    "temp+topk": SamplingParams(temperature=0.9, top_k=40, seed=3),
+    "topk+topp+minp": SamplingParams(temperature=1.2, top_k=20, top_p=0.8, min_p=0.05, seed=5),
+    "hot+penalty": SamplingParams(temperature=2.0, top_k=5, repetition_penalty=0.7, seed=9),
+}
+
+
+def cpu_head_backend(E: np.ndarray, gtype: str = "F16", kernel: str | None = None):
+    """A :class:`CpuBackend` holding only an LM head ``E`` (float values, stored as gtype)."""
+    from bitformat.runtime.cpu import batch as B
+    from bitformat.runtime.cpu import head as H
+    from bitformat.runtime.cpu import kernels as K
+    from bitformat.runtime.cpu.backend import CpuBackend
+
+    kernel = kernel or K.kernel_mode()
+    be = object.__new__(CpuBackend)
+    be.embed_type = GGMLType[gtype]
+    if gtype == "F32":
+        be._E = np.ascontiguousarray(E, np.float32)
+    elif gtype == "F16":
+        be._E = np.ascontiguousarray(E, np.float16).view(np.uint16)
+    else:
+        be._E = (np.ascontiguousarray(E, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    be.vocab, be.dim = E.shape
+    be.kernel = kernel
+    be._head_tokens = B.lm_head_tokens if kernel == "vnni" else None
+    be._lut = None if kernel == "vnni" or gtype == "F32" else H.lut16(gtype)
+    be._screen, be._pickers, be._threads_now, be.threads = None, None, 0, 2
+    be._set_threads = lambda n: None
+    be.dtype, be.name = np.float32, "cpu"
+    return be
+
+
+def kernels():
+    from bitformat.runtime.cpu import kernels as K
+
+    return ["vnni", "portable"] if K.kernel_mode() == "vnni" else ["portable"]
+
+
+def run_steps(head: Head, hs: np.ndarray, params: SamplingParams, history=()) -> list[int]:
+    """Decode-like steps: one hidden state per step, tokens accepted into the history."""
+    s = Sampler(params, history=list(history))
+    out = []
+    for x in hs:
+        t = head.select(x[None, :], [s])[0]
+        s.accept(t)
+        out.append(t)
+    return out
+
+
+# -- the screen's numbers -------------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", kernels())
+@pytest.mark.parametrize("dim", [64, 200, 257])
+def test_screen_kernels_match_numpy_reference(kernel, dim):
+    from bitformat.runtime.cpu import screen as S
+
+    rng = np.random.default_rng(dim)
+    E = (rng.standard_normal((301, dim)) * 0.05).astype(np.float16)
+    E[7] = 0  # a zero row
+    be = cpu_head_backend(E.astype(np.float32), kernel=kernel)
+    t = be.screen_tables()
+    codes, d, dn, qn, en, bad = EH.quantize_head(E.astype(np.float64))
+    assert np.array_equal(t.codes, codes) and np.array_equal(t.scale, d) and not bad.any()
+    ref = EH.ScreenTables.build(codes, d, dn, qn, en, bad, dim, be.head_depth(), 2.0 ** -24)
+    np.testing.assert_allclose(t.A, ref.A, rtol=1e-12)
+    np.testing.assert_allclose(t.N, ref.N, rtol=1e-12)
+    h = rng.standard_normal((3, dim)).astype(np.float32)
+    xq, par = ref.prepare(h)
+    lo, hi = be.head_bounds(ref, xq, par)
+    rlo, rhi = EH.bounds_numpy(ref, xq, par)
+    assert np.array_equal(lo, rlo) and np.array_equal(hi, rhi)
+    other = S.screen_portable if kernel == "vnni" else None
+    if other is not None:
+        lo2, hi2 = np.empty_like(lo), np.empty_like(hi)
+        other(ref.codes, xq, ref.scale, ref.A, ref.N, par, lo2, hi2)
+        assert np.array_equal(lo, lo2) and np.array_equal(hi, hi2)
+
+
+def test_hidden_split_bounds_its_error():
+    rng = np.random.default_rng(1)
+    for scale in (1e-30, 1e-3, 1.0, 1e4):
+        x = rng.standard_normal(300) * scale
+        x[5] *= 1000  # an outlier
+        x = x.astype(np.float32).astype(np.float64)
+        xq, par = EH.split_hidden(x.astype(np.float32), 320)
+        s = 1 / (par[0] * EH.FINE)
+        xh = (xq[0, :300].astype(np.float64) + xq[1, :300] / EH.FINE) / s
+        assert np.linalg.norm(x - xh) <= par[2] and np.linalg.norm(x) <= par[1]
+        assert par[4] == xq[0].sum() and par[5] == xq[1].sum()
+        assert np.abs(xq).max() <= 127 and not xq[:, 300:].any()
+
+
+# -- the bound over thousands of steps ------------------------------------------------------------
+@pytest.mark.parametrize("kernel", kernels())
+@pytest.mark.parametrize("gtype,dim", [("F16", 256), ("BF16", 200), ("F32", 72)])
+def test_bound_holds_every_row_every_step(kernel, gtype, dim):
+    rng = np.random.default_rng(7)
+    V = 2048
+    be = cpu_head_backend(rng.standard_normal((V, dim)) * 0.05, gtype, kernel)
+    head = Head(be, "screened", check=True)
+    hs = (rng.standard_normal((1500, dim)) * rng.uniform(0.1, 10, (1500, 1))).astype(np.float32)
+    for name, p in SAMPLINGS.items():
+        run_steps(head, hs[:1500 if name == "greedy" else 250], p)
+    st = head.stats
+    assert st.screened_rows == st.rows and not st.fallbacks
+    assert np.mean(st.candidates) < V / 4  # the screen rules most rows out
+    assert st.head_bytes < st.steps * st.full_bytes
+
+
+# -- adversarial heads ---------------------------------------------------------------------------
+def adversarial_head(rng, V=1024, dim=128):
+    E = (rng.standard_normal((V, dim)) * 0.02).astype(np.float16)
+    E[10] = E[20] = E[30]  # duplicates: exact ties
+    E[40] = E[50]
+    bits = E[50].view(np.uint16).copy()
+    bits[::3] ^= 1  # the last f16 bit
+    E[40] = bits.view(np.float16)
+    E[60] = E[61]
+    E[60, 0] = np.nextafter(E[61, 0], np.float16(np.inf))  # one value one ulp apart
+    E[100] *= 1500  # huge norm (f16 values up to ~60000 ... kept finite)
+    E[100] = np.clip(E[100].astype(np.float32), -60000, 60000).astype(np.float16)
+    E[101] = np.float16(6e-8) * rng.integers(-3, 4, dim)  # subnormal halves
+    E[102] = 0
+    E[103] = np.float16(1e-4)  # a constant row
+    return E.astype(np.float32)
+
+
+@pytest.mark.parametrize("kernel", kernels())
+def test_adversarial_heads(kernel):
+    rng = np.random.default_rng(3)
+    E = adversarial_head(rng)
+    be = cpu_head_backend(E, "F16", kernel)
+    head = Head(be, "screened", check=True)
+    dim = E.shape[1]
+    hs = []
+    for i in range(400):
+        target = [30, 50, 61, 100, 101, 103, 10][i % 7]
+        x = E[target] * rng.uniform(0.5, 50) + rng.standard_normal(dim) * rng.uniform(0, 0.1)
+        if i % 5 == 0:
+            x[rng.integers(dim)] *= 1e4  # an outlier
+        if i % 11 == 0:
+            x = x * 1e-20
+        hs.append(x)
+    hs = np.asarray(hs, np.float32)
+    hs[3] = 0  # every logit 0: every row ties
+    for p in SAMPLINGS.values():
+        run_steps(head, hs, p, history=[10, 20, 30, 40, 50])
+    assert not head.stats.fallbacks
+
+
+def test_ties_go_to_the_lowest_id():
+    E = np.zeros((512, 64), np.float32)
+    E[300] = E[200] = E[250] = 0.5
+    be = cpu_head_backend(E)
+    head = Head(be, "screened", check=True)
+    x = np.ones((1, 64), np.float32)
+    assert head.select(x, [Sampler()]) == [200]
+    assert head.stats.candidates == [3]
+
+
+def test_batched_rows_pick_like_single_rows():
+    rng = np.random.default_rng(5)
+    be = cpu_head_backend(rng.standard_normal((3000, 128)) * 0.05)
+    head = Head(be, "screened", check=True)
+    full = Head(be, "full")
+    hs = rng.standard_normal((6, 128)).astype(np.float32)
+    params = list(SAMPLINGS.values())
+    samplers = [Sampler(p, history=[1, 2, 3]) for p in params]
+    got = head.select(hs, samplers)
+    assert got == full.select(hs, samplers)
+    assert got == [head.select(hs[i: i + 1], [s])[0] for i, s in enumerate(samplers)]
+
+
+# -- fallbacks ------------------------------------------------------------------------------------
+def test_fallbacks_are_counted():
+    rng = np.random.default_rng(0)
+    E = rng.standard_normal((700, 64)).astype(np.float32) * 0.1
+    be = cpu_head_backend(E)
+    head = Head(be, "screened", check=True)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    s = Sampler(SamplingParams(temperature=1.0, top_p=0.9, seed=1))
+    assert head.select(x, [s]) == Head(be, "full").select(x, [s])
+    s = Sampler(SamplingParams(temperature=1.0, min_p=0.1, seed=1))
+    head.select(x, [s])
+    bad = x.copy()
+    bad[0, 3] = np.nan
+    head.select(bad, [Sampler()])
+    head.select(x * np.float32(1e37), [Sampler()])  # logits could overflow float32
+    assert head.stats.fallbacks == {"top-p or min-p without top-k": 2,
+                                    "hidden state not finite": 1, "logits could overflow": 1}
+    E[5, 5] = np.inf
+    inf_head = Head(cpu_head_backend(E), "screened")
+    assert "NaN or infinity in 1 rows" in inf_head.unavailable
+    inf_head.select(x, [Sampler()])
+    assert inf_head.stats.fallbacks == {inf_head.unavailable: 1}
+    with pytest.raises(Exception, match="head must be screened or full"):
+        Head(be, "fast")
+
+
+# -- whole models: every container, both backends -----------------------------------------------
+def test_screened_equals_full_on_every_container(cpu_models):
+    prompts = [[1, 2, 3], [5, 9, 200, 17, 4], list(range(30, 100))]
+    for fid, m in cpu_models.items():
+        assert m.head.mode == "screened"
+        screened, m.net.head = m.net.head, Head(m.backend, "screened", check=True)
+        full = Head(m.backend, "full")
+        try:
+            for i, prompt in enumerate(prompts):
+                for kw in ({}, {"temperature": 0.8, "top_k": 40, "seed": i},
+                           {"temperature": 1.1, "seed": 100 + i, "repetition_penalty": 1.2}):
+                    n = 48 if i == 0 else 12
+                    got = m.generate(prompt, n, **kw).tokens
+                    m.net.head, checked = full, m.net.head
+                    want = m.generate(prompt, n, **kw).tokens
+                    m.net.head = checked
+                    assert got == want, (fid, i, kw)
+        finally:
+            m.net.head = screened
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_numpy_reference_screened_equals_full(tiny_gguf, dtype):
+    from bitformat.runtime import load
+
+    with load(tiny_gguf, backend="numpy", dtype=dtype) as m:
+        m.net.head = Head(m.backend, "screened", check=True)
+        got = [m.generate([1, 2, 3], 20, temperature=t, top_k=k, seed=4).tokens
+               for t, k in ((0.0, 0), (0.9, 30), (0.9, 0))]
+        m.net.head = Head(m.backend, "full")
+        want = [m.generate([1, 2, 3], 20, temperature=t, top_k=k, seed=4).tokens
+                for t, k in ((0.0, 0), (0.9, 30), (0.9, 0))]
+    assert got == want
+
+
+def test_load_head_option(tiny_gguf):
+    from bitformat.runtime import load
+
+    with load(tiny_gguf, backend="cpu", head="full") as m:
+        assert m.head.mode == "full"
+        m.generate([1, 2], 4)
+        st = m.head_stats()
+    assert st["head"] == "full" and st["head_bytes_per_step"] == st["full_head_bytes"]
+    with pytest.raises(Exception, match="head must be"):
+        load(tiny_gguf, backend="cpu", head="int8")
+
+
+def test_long_generations_checked(cpu_models):
+    m = cpu_models["i2_s"]
+    screened, m.net.head = m.net.head, Head(m.backend, "screened", check=True)
+    try:
+        for kw in ({}, {"temperature": 0.7, "top_k": 50, "seed": 8},
+                   {"temperature": 1.0, "seed": 2, "repetition_penalty": 1.1}):
+            got = m.generate([1, 2, 3], 240, stop_ids=(), **kw).tokens
+            assert len(got) == 240
+            checked, m.net.head = m.net.head, Head(m.backend, "full")
+            assert m.generate([1, 2, 3], 240, stop_ids=(), **kw).tokens == got
+            m.net.head = checked
+        assert m.net.head.stats.steps == 240 and not m.net.head.stats.fallbacks
+    finally:
+        m.net.head = screened
