@@ -116,6 +116,27 @@ def _catch_sigterm():
         return False
 
 
+class ModelSource(click.ParamType):
+    """A model: a path, a Hugging Face cache snapshot folder, or ORG/NAME in the local cache
+    (:mod:`.hf_cache`; never downloaded)."""
+
+    name = "model"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, Path) and value.exists():
+            return value
+        from .errors import BitformatError
+        from .hf_cache import resolve
+
+        try:
+            return resolve(value)
+        except BitformatError as e:
+            self.fail(e.problem, param, ctx)
+
+
+MODEL = ModelSource()
+
+
 class _Progress:
     """A tqdm bar over tensors, weighted by bytes, shown only on a terminal or when asked."""
 
@@ -153,7 +174,7 @@ def main(debug: bool) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.argument("file", type=MODEL)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
               show_default=True, help="i2_s block layout (files do not record it).")
@@ -177,8 +198,14 @@ def inspect(file: Path, as_json: bool, i2s_layout: str) -> None:
 
 
 def default_output(src: Path, target: str) -> Path:
-    """``model.gguf`` -> ``model.tq2_0.gguf``; an HF export gets a folder ``model-hf``."""
-    stem = src.name if src.is_dir() else src.stem
+    """``model.gguf`` -> ``model.tq2_0.gguf``; an HF export gets a folder ``model-hf``. A
+    source in the Hugging Face cache writes to the current folder, named after the repo."""
+    from .hf_cache import cache_repo_name
+
+    repo = cache_repo_name(src)
+    if repo is not None:
+        src = Path.cwd() / repo
+    stem = src.name if src.is_dir() or repo is not None else src.stem
     for fid in CONVERT_TARGETS:
         if stem.endswith(f".{fid}"):
             stem = stem[: -len(fid) - 1]
@@ -188,7 +215,7 @@ def default_output(src: Path, target: str) -> Path:
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.argument("file", type=MODEL)
 @click.option("--to", "target", required=True, type=click.Choice(CONVERT_TARGETS),
               help="Container to write.")
 @click.option("-o", "--output", type=click.Path(path_type=Path),
@@ -224,7 +251,7 @@ def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: 
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.argument("file", type=MODEL)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw the report at this path (.png, .svg or .pdf, by its extension).")
@@ -344,7 +371,7 @@ def _check_context(model, context: int | None) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.argument("file", type=MODEL)
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"),
               help="Read the prompt text from this file ('-': standard input).")
@@ -422,7 +449,7 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.argument("file", type=MODEL)
 @click.option("--system", help="System prompt (/system changes it during the chat).")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
               help="Tokens of one answer at most.")
@@ -497,7 +524,7 @@ def warmup(backend: str) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.argument("file", type=MODEL)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port (0: any free one).")
@@ -531,7 +558,7 @@ def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, m
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.argument("file", type=MODEL)
 @click.option("--backend", type=click.Choice(["cpu", "wgpu"]), default="cpu",
               show_default=True)
 @click.option("--formats", default="all", show_default=True,

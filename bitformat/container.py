@@ -44,12 +44,18 @@ TERNARY_NAME = re.compile(
 
 
 def open_model(path: str | os.PathLike, *, i2s_variant: str = "x86") -> Model:
-    """Open a GGUF container or a Hugging Face BitNet folder.
+    """Open a GGUF container or a Hugging Face BitNet folder (a path, a cache snapshot, or
+    ``ORG/NAME`` found in the local Hugging Face cache: :mod:`.hf_cache`).
 
     ``i2s_variant`` picks the i2_s block layout ("x86", or "arm64" for files quantized by
     ARM builds of bitnet.cpp since Nov 2025); files do not record it.
     """
     p = Path(path)
+    if not p.exists():
+        from .hf_cache import is_repo_id, resolve
+
+        if is_repo_id(str(path)):
+            p = resolve(path)  # ORG/NAME from the local Hugging Face cache, or a clear error
     if p.is_dir():
         from .formats import hf
 
@@ -364,6 +370,11 @@ def convert(source: str | os.PathLike, out: str | os.PathLike, format_id: str, *
     are quantized on the way (:mod:`bitformat.quantize`, listed in the report's
     ``quantized``); a model with nothing ternary is refused (:func:`require_ternary`).
     """
+    if not Path(source).exists():
+        from .hf_cache import is_repo_id, resolve
+
+        if is_repo_id(str(source)):
+            source = resolve(source)
     check_not_source(source, out, folder=format_id == "hf")
     model = open_model(source, i2s_variant=i2s_variant)
     try:

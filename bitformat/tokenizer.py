@@ -297,8 +297,16 @@ class Tokenizer:
     """
 
     def __init__(self, metadata: dict[str, Any]):
-        from . import tokenizer_pre
+        from . import tokenizer_pre, tokenizer_spm
 
+        model = metadata.get(_KEY + "model")
+        if (model.plain() if isinstance(model, MetaValue) else model) == "llama":
+            self.data = tokenizer_spm.SPMData.from_metadata(metadata)
+            self.pre, self.pre_note = "", ""
+            self._tok = tokenizer_spm.build(self.data, with_post_processor=False)
+            self.add_bos = self.data.add_bos if self.data.add_bos is not None else True
+            self.chat_template = self.data.chat_template or BITNET_CHAT_TEMPLATE
+            return
         self.data = BPEData.from_metadata(metadata)
         arch = metadata.get("general.architecture")
         arch = arch.plain() if isinstance(arch, MetaValue) else arch
@@ -378,6 +386,9 @@ def to_hf_files(metadata: dict[str, Any], out_dir: str | os.PathLike) -> list[st
     ``tokenizer.ggml.scores``), for the caller to report. Token types other than 1, 3 and 4
     are written as special added tokens, so they read back as control (3).
     """
+    model = metadata.get(_KEY + "model")
+    if (model.plain() if isinstance(model, MetaValue) else model) == "llama":
+        return _spm_to_hf_files(metadata, Path(out_dir))
     d = BPEData.from_metadata(metadata)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -399,6 +410,41 @@ def to_hf_files(metadata: dict[str, Any], out_dir: str | os.PathLike) -> list[st
     if d.chat_template is not None:
         config["chat_template"] = d.chat_template
     config.update({"clean_up_tokenization_spaces": True,
+                   "model_input_names": ["input_ids", "attention_mask"],
+                   "tokenizer_class": "PreTrainedTokenizerFast"})
+    for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
+        (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n",
+                                encoding="utf-8")
+    return d.uncarried(metadata)
+
+
+def _spm_to_hf_files(metadata: dict[str, Any], out: Path) -> list[str]:
+    """A SentencePiece vocabulary: ``tokenizer.model`` (exact: pieces, scores, types),
+    ``tokenizer.json`` (the same tokenizer for the fast path, bos/eos by a post-processor)
+    and the two JSON configs."""
+    from . import tokenizer_spm
+
+    d = tokenizer_spm.SPMData.from_metadata(metadata)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer_spm.write_sentencepiece(d, out / "tokenizer.model")
+    tokenizer_spm.build(d, with_post_processor=True).save(str(out / "tokenizer.json"))
+    names = {"bos_token": d.bos_id, "eos_token": d.eos_id, "unk_token": d.unk_id,
+             "pad_token": d.pad_id}
+    special = {k: d.tokens[i] for k, i in names.items() if i is not None}
+    config: dict[str, Any] = {
+        "add_bos_token": d.add_bos if d.add_bos is not None else True,
+        "add_eos_token": bool(d.add_eos)}
+    if d.add_space_prefix is not None:
+        config["add_prefix_space"] = d.add_space_prefix
+    config["added_tokens_decoder"] = {
+        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                 "single_word": False, "special": True}
+        for i, (t, ty) in enumerate(zip(d.tokens, d.token_types, strict=True))
+        if ty in (tokenizer_spm.TOKEN_CONTROL, tokenizer_spm.TOKEN_UNKNOWN)}
+    config.update(special)
+    if d.chat_template is not None:
+        config["chat_template"] = d.chat_template
+    config.update({"clean_up_tokenization_spaces": False, "legacy": True,
                    "model_input_names": ["input_ids", "attention_mask"],
                    "tokenizer_class": "PreTrainedTokenizerFast"})
     for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
@@ -429,6 +475,8 @@ def _from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
     """
     folder = Path(hf_dir)
     path = folder / "tokenizer.json"
+    if (folder / "tokenizer.model").is_file() and _is_spm(path):
+        return _spm_from_hf_files(folder)
     from .safetensors_io import read_json
 
     tj = read_json(path, "tokenizer.json")
@@ -479,6 +527,42 @@ def _from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
                 [_merge_str(m) for m in model.get("merges", [])], bos, eos,
                 special("pad_token"), add_bos, config.get("add_eos_token"), template,
                 _pre_name(tj.get("pre_tokenizer"), str(path)))
+    return d.metadata()
+
+
+def _is_spm(tokenizer_json: Path) -> bool:
+    """A folder whose tokenizer is SentencePiece: tokenizer.model and no byte-level BPE."""
+    if not tokenizer_json.is_file():
+        return True
+    try:
+        model = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("model") or {}
+    except ValueError:
+        return True
+    return model.get("type") == "Unigram" or bool(model.get("byte_fallback"))
+
+
+def _spm_from_hf_files(folder: Path) -> dict[str, MetaValue]:
+    """GGUF metadata from ``tokenizer.model``, with add_bos/add_eos, the special tokens and
+    the chat template from ``tokenizer_config.json``."""
+    from . import tokenizer_spm
+
+    meta = tokenizer_spm.from_sentencepiece(folder / "tokenizer.model")
+    d = tokenizer_spm.SPMData.from_metadata(meta)
+    config = _read_json(folder / "tokenizer_config.json")
+    for key, attr in (("add_bos_token", "add_bos"), ("add_eos_token", "add_eos"),
+                      ("add_prefix_space", "add_space_prefix")):
+        if isinstance(config.get(key), bool):
+            setattr(d, attr, config[key])
+    ids = {t: i for i, t in enumerate(d.tokens)}
+    for key, attr in (("bos_token", "bos_id"), ("eos_token", "eos_id"), ("pad_token", "pad_id"),
+                      ("unk_token", "unk_id")):
+        v = config.get(key)
+        v = v.get("content") if isinstance(v, dict) else v
+        if isinstance(v, str) and v in ids:
+            setattr(d, attr, ids[v])
+    template = config.get("chat_template")
+    if isinstance(template, str):
+        d.chat_template = template
     return d.metadata()
 
 

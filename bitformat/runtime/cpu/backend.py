@@ -160,6 +160,7 @@ class CpuBackend(Backend):
             if tied:
                 self._embed_raw = self._head_raw  # also what embed() reads
         self._lut = None
+        self._lut_f16: np.ndarray | None = None  # f16 -> f32 of every pattern (q2_0 kernel)
         self._screen: EH.ScreenTables | None = None
         if et == GGMLType.F32:
             self._E = self._head_raw.view("<f4")
@@ -387,8 +388,10 @@ class CpuBackend(Backend):
                        out)
         elif enc == "q2_0":
             xg = self._derived(qa, "plain", w.cols)
+            if self._lut_f16 is None:
+                self._lut_f16 = H.lut16("F16")
             self._call(K.q2_portable, w.data.nbytes, w.data, xg, self._derived(qa, "blocks", 64),
-                       s, out)
+                       s, self._lut_f16, out)
         elif enc == "iq2_bn":
             xg = self._derived(qa, "arm64", w.cols)
             self._call(K.iq2bn_portable, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,

@@ -579,16 +579,28 @@ def tq1_vnni(W, Q, bsum, s, out):
 
 # -- q2_0: 18-byte blocks of 64 values, f16 d then qs[16] (element 4m + g at bits 2g) ------------
 @njit(parallel=True, cache=True)
-def q2_portable(W, XG, bsum, s, out):
+def q2_portable(W, XG, bsum, s, lut, out):
     """out[t, r] = sum_b d_b * float32(dot_b - bsum[t, b]) / s[t]; ``XG`` in the "plain"
-    layout, ``bsum`` the activation sums over 64-value blocks."""
+    layout, ``bsum`` the activation sums over 64-value blocks, ``lut`` float32[65536] of
+    every f16 pattern (:func:`.head.lut16`). One pass over a block's 16 bytes reads all four
+    slots (four loops of 16 would not vectorize)."""
+    nb = bsum.shape[1]
     for r in prange(W.shape[0]):
         wr = W[r]
         for t in range(out.shape[0]):
+            x0, x1, x2, x3 = XG[t, 0], XG[t, 1], XG[t, 2], XG[t, 3]
             acc = np.float32(0.0)
-            for b in range(bsum.shape[1]):
-                d = _dot2_portable(wr, b * 18 + 2, XG[t], b * 16, 16, KIND_LOW)
-                acc += _f16(wr[b * 18], wr[b * 18 + 1]) * np.float32(d - bsum[t, b])
+            for b in range(nb):
+                o, xo = b * 18 + 2, b * 16
+                d = np.int32(0)
+                for m in range(16):
+                    w = np.int32(wr[o + m])
+                    d = np.int32(d + (w & 3) * np.int32(x0[xo + m])
+                                 + ((w >> 2) & 3) * np.int32(x1[xo + m])
+                                 + ((w >> 4) & 3) * np.int32(x2[xo + m])
+                                 + ((w >> 6) & 3) * np.int32(x3[xo + m]))
+                h = np.int32(wr[b * 18]) | (np.int32(wr[b * 18 + 1]) << 8)
+                acc += lut[h] * np.float32(d - bsum[t, b])
             out[t, r] = acc / s[t]
 
 
