@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -19,7 +22,8 @@ from . import __version__
 from .cli_helpers import CompileNotice, check_output, check_threads, quantized_line
 from .errors import BitformatError, Terminated
 
-CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "rans", "hf")
+CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "stfma", "colpack_u32",
+                   "rans", "hf")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # matplotlib's savefig picks the format by extension
 
 
@@ -32,8 +36,25 @@ def _friendly_errors(fn):
         previous = _catch_sigterm()
         try:
             return fn(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # usage errors: click prints them
         except BitformatError as exc:
+            _debug_traceback()
             click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except MemoryError:
+            _debug_traceback()
+            click.echo("error: out of memory (the model, or what a request asks for, does not "
+                       "fit this machine's memory)", err=True)
+            sys.exit(1)
+        except RecursionError:
+            _debug_traceback()
+            click.echo("error: an input is nested too deeply to read", err=True)
+            sys.exit(1)
+        except OSError as exc:
+            _debug_traceback()
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             # convert, synth and report (its plot) write their output only once complete
@@ -43,11 +64,41 @@ def _friendly_errors(fn):
         except Terminated:
             click.echo("terminated: no unfinished output was left", err=True)
             sys.exit(143)
+        except Exception as exc:  # a bug: one line, the traceback only when asked for
+            if _debug():
+                raise
+            click.echo(f"error: {INTERNAL} ({type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); run with "
+                       "--debug or BITFORMAT_DEBUG=1 for the traceback", err=True)
+            sys.exit(1)
         finally:
             if previous is not False:
                 signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
 
     return wrapper
+
+
+#: what an error bitformat did not foresee says (the fuzz test counts these as failures)
+INTERNAL = "internal error"
+
+
+def _debug() -> bool:
+    if os.environ.get("BITFORMAT_DEBUG", "") not in ("", "0"):
+        return True
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.find_root().params.get("debug"))
+
+
+def _debug_traceback() -> None:
+    if _debug():
+        traceback.print_exc()
+
+
+def _finite(ctx, param, value):
+    """A float option that must be a finite number (click's FloatRange lets NaN through)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
+    return value
 
 
 def _catch_sigterm():
@@ -95,7 +146,9 @@ def _show(result, render, as_json: bool, plot: Path | None) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bitformat")
-def main() -> None:
+@click.option("--debug", is_flag=True,
+              help="Show the Python traceback of an error (or set BITFORMAT_DEBUG=1).")
+def main(debug: bool) -> None:
     """Lossless containers and converters for ternary (BitNet b1.58) weights."""
 
 
@@ -164,6 +217,8 @@ def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: 
                f"{report.ternary_weights:,} ternary weights)")
     if report.quantized:
         click.echo(quantized_line(report.quantized))
+    for line in report.warnings:
+        click.echo(f"warning: {line}", err=True)
     for name, loss in report.scale_changes.items():
         click.echo(f"  scale of {name} rounded: relative change up to {loss:.3g}")
 
@@ -197,9 +252,15 @@ def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> Non
     _show(rep, render, as_json, plot)
 
 
+#: bitformat.synth.PRESETS (named here: the CLI imports its modules lazily)
+SYNTH_PRESETS = ("tiny", "2b4t", "tiny-1bitllm", "1bitllm-large", "1bitllm-3b", "tiny-llama",
+                 "llama3-8b", "falcon3-7b", "tiny-qwen3", "bonsai-8b")
+
+
 @main.command()
-@click.option("--preset", type=click.Choice(["tiny", "2b4t"]), default="tiny",
-              show_default=True, help="Model size: tiny (tests) or 2b4t (BitNet 2B-4T).")
+@click.option("--preset", type=click.Choice(SYNTH_PRESETS), default="tiny",
+              show_default=True, help="Family and size: tiny (tests) or 2b4t (BitNet 2B-4T); "
+              "1bitllm-large/-3b, llama3-8b, falcon3-7b, bonsai-8b (Qwen3) and tiny-<family>.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Draws the weights; the same seed gives the same file on every machine and "
                    "Python version (for one release of the tokenizers package).")
@@ -210,7 +271,7 @@ def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> Non
               "(as the official 2B-4T file has them) or full-precision f16.")
 @_friendly_errors
 def synth(preset: str, seed: int, output: Path, embedding: str) -> None:
-    """Build a BitNet model with the real architecture and profile-drawn trits."""
+    """Build a ternary model with a family's real architecture and profile-drawn trits."""
     from tqdm import tqdm
 
     from .synth import synth as do_synth
@@ -236,58 +297,95 @@ def _parse_ids(text: str | None) -> list[int] | None:
                                  param_hint="--prompt-ids") from None
 
 
+def _generation_options(fn):
+    """The options ``run`` and ``chat`` share: backend, sampling, stop strings, context."""
+    for decorator in reversed([
+        click.option("--backend", type=click.Choice(["numpy", "cpu", "wgpu"]), default="cpu",
+                     show_default=True),
+        click.option("--temperature", type=float, callback=_finite, default=0.0, show_default=True,
+                     help="0 means greedy."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="0 disables."),
+        click.option("--top-p", type=float, callback=_finite, default=1.0, show_default=True),
+        click.option("--min-p", type=float, callback=_finite, default=0.0, show_default=True,
+                     help="Drop tokens less likely than this fraction of the likeliest one "
+                          "(0 disables)."),
+        click.option("--repetition-penalty", type=float, callback=_finite, default=1.0,
+                     show_default=True),
+        click.option("--seed", type=int, default=None),
+        click.option("--stop", "stop", multiple=True, metavar="TEXT",
+                     help="End the answer where this text appears (not shown); repeatable. "
+                          "The model's end-of-turn tokens always stop it."),
+        click.option("--context", type=click.IntRange(min=1), default=None,
+                     help="Tokens of context (prompt + answer; for chat, the whole "
+                          "conversation) [default: the model's context length]."),
+        click.option("--threads", type=int, default=None, callback=check_threads,
+                     help="CPU threads (default: adaptive; at most the cores available)."),
+        click.option("--show-special", is_flag=True,
+                     help="Show special tokens (<|eot_id|>, ...) in the text; hidden by "
+                          "default, as in llama.cpp."),
+        click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
+                     show_default=True, help="i2_s block layout of FILE."),
+        click.option("--decode", type=click.Choice(["load", "fused"]), default="load",
+                     show_default=True, help="rans files: decode the streams once at load into "
+                     "2-bit rows (fast), or inside every mat-vec (fused: less memory, slower)."),
+        click.option("--head", type=click.Choice(["screened", "full"]), default="screened",
+                     show_default=True, help="LM head: screened reads an int8 copy of the head "
+                     "and recomputes only the rows it cannot rule out (the same tokens as full, "
+                     "proven in docs/exact-head.md); full computes every logit."),
+    ]):
+        fn = decorator(fn)
+    return fn
+
+
+def _check_context(model, context: int | None) -> None:
+    if context is not None and context > model.args.context_length:
+        raise click.BadParameter(f"{context} is more than the model's context length of "
+                                 f"{model.args.context_length}", param_hint="--context")
+
+
 @main.command()
 @click.argument("file", type=click.Path(exists=True, path_type=Path))
 @click.option("-p", "--prompt", help="Prompt text.")
+@click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"),
+              help="Read the prompt text from this file ('-': standard input).")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids (instead of text).")
-@click.option("-n", "--max-tokens", type=int, default=64, show_default=True,
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=64, show_default=True,
               help="Tokens to generate at most.")
-@click.option("--backend", type=click.Choice(["numpy", "cpu", "wgpu"]), default="cpu",
-              show_default=True)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="0 means greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=None)
-@click.option("--threads", type=int, default=None, callback=check_threads,
-              help="CPU threads (default: adaptive; at most the cores available).")
-@click.option("--show-special", is_flag=True,
-              help="Show special tokens (<|eot_id|>, ...) in the text; hidden by default, as in "
-                   "llama.cpp.")
+@click.option("--system", help="System prompt (implies --chat).")
+@_generation_options
 @click.option("--json", "as_json", is_flag=True,
               help="Print token ids, text and timings as one JSON object at the end.")
-@click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
-              show_default=True, help="i2_s block layout of FILE.")
-@click.option("--decode", type=click.Choice(["load", "fused"]), default="load",
-              show_default=True, help="rans files: decode the streams once at load into 2-bit "
-              "rows (fast), or inside every mat-vec (fused: less memory, slower).")
-@click.option("--head", type=click.Choice(["screened", "full"]), default="screened",
-              show_default=True, help="LM head: screened reads an int8 copy of the head and "
-              "recomputes only the rows it cannot rule out (the same tokens as full, proven in "
-              "docs/exact-head.md); full computes every logit.")
 @_friendly_errors
-def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int, backend: str,
-        chat: bool, temperature: float, top_k: int, top_p: float, repetition_penalty: float,
-        seed: int | None, threads: int | None, show_special: bool, as_json: bool,
-        i2s_layout: str, decode: str, head: str) -> None:
+def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max_tokens: int,
+        chat: bool, system: str | None, backend: str, temperature: float, top_k: int,
+        top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
+        stop: tuple[str, ...], context: int | None, threads: int | None, show_special: bool,
+        i2s_layout: str, decode: str, head: str, as_json: bool) -> None:
     """Generate text from FILE (any container or HF folder), streaming as it goes.
 
     The first run on a machine compiles the cpu kernels (about 20 s, said on stderr, kept out
-    of the reported speeds; `bitformat warmup` does it ahead)."""
+    of the reported speeds; `bitformat warmup` does it ahead). For a conversation of several
+    turns, use `bitformat chat`."""
     from .cli_helpers import ready_model
 
     ids = _parse_ids(prompt_ids)
-    if (prompt is None) == (ids is None):
-        raise click.UsageError("give exactly one of --prompt and --prompt-ids")
+    if sum(x is not None for x in (prompt, prompt_file, ids)) != 1:
+        raise click.UsageError("give exactly one of --prompt, --file and --prompt-ids")
+    if prompt_file is not None:
+        prompt = prompt_file.read()
+    if system is not None and ids is not None:
+        raise click.UsageError("--system needs a text prompt (--prompt or --file)")
     with ready_model(file, backend, i2s_layout, threads, decode, head) as model:
+        _check_context(model, context)
         tokens: list[int] = []
         pieces: list[str] = []
         finish = None
-        for r in model.stream_generate(prompt if ids is None else ids, max_tokens, chat=chat,
+        for r in model.stream_generate(prompt if ids is None else ids, max_tokens,
+                                       chat=chat or system is not None, system=system,
                                        temperature=temperature, top_k=top_k, top_p=top_p,
-                                       repetition_penalty=repetition_penalty, seed=seed,
+                                       min_p=min_p, repetition_penalty=repetition_penalty,
+                                       seed=seed, stop=stop, context=context,
                                        skip_special=not show_special):
             if r.token is not None:
                 tokens.append(r.token)
@@ -321,6 +419,47 @@ def run(file: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int,
                f"{stats.generation_tps:.1f} tok/s, {hs['bytes_read_per_token'] / 1e6:.2f} MB "
                f"read per token (KV cache {stats.kv_bytes_last_token / 1e6:.3f} MB, {hs['head']} "
                f"head {hs['head_bytes_per_step'] / 1e6:.2f} MB)", err=True)
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("--system", help="System prompt (/system changes it during the chat).")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Tokens of one answer at most.")
+@_generation_options
+@click.option("--stats", is_flag=True, help="After each answer, show its speed and how much "
+              "of the context the conversation holds (on stderr).")
+@_friendly_errors
+def chat(file: Path, system: str | None, max_tokens: int, backend: str, temperature: float,
+         top_k: int, top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
+         stop: tuple[str, ...], context: int | None, threads: int | None, show_special: bool,
+         i2s_layout: str, decode: str, head: str, stats: bool) -> None:
+    """Chat with FILE: a conversation of many turns, answers streamed as they form.
+
+    Prompts are rendered with the model's own chat template (as transformers renders it).
+    The KV cache is kept between turns, so each turn runs only its new tokens. Type /help
+    for the commands (/reset, /system TEXT, /exit); Ctrl-C stops an answer, Ctrl-D or Ctrl-C
+    at the prompt ends the chat. Input need not be a terminal: lines piped in are turns."""
+    from .cli_chat import chat_loop
+    from .cli_helpers import ready_model
+    from .runtime.chat import ChatSession
+
+    with ready_model(file, backend, i2s_layout, threads, decode, head) as model:
+        _check_context(model, context)
+        session = ChatSession(model, system=system, context=context, max_new_tokens=max_tokens,
+                              stop=stop, skip_special=not show_special, temperature=temperature,
+                              top_k=top_k, top_p=top_p, min_p=min_p,
+                              repetition_penalty=repetition_penalty, seed=seed)
+        interactive = sys.stdin.isatty()
+        if interactive:
+            try:
+                import readline  # noqa: F401  (line editing and history for input())
+            except ImportError:  # Windows
+                pass
+            click.echo(f"chatting with {file.name} ({model.container} on {backend}, context "
+                       f"{session.context} tokens); /help lists the commands", err=True)
+        chat_loop(session, sys.stdin, sys.stdout, sys.stderr,
+                  prompt="> " if interactive else "", stats=stats)
 
 
 @main.command()

@@ -27,6 +27,9 @@ class GGMLType(IntEnum):
     TQ1_0 = 34
     TQ2_0 = 35
     I2_S = 36  # microsoft/BitNet fork only; upstream ggml has no type 36
+    Q2_0 = 42  # upstream ggml (ggml.h GGML_TYPE_Q2_0): 64-value blocks, f16 d + 2-bit codes
+    IQ1_BN = 134  # ik_llama.cpp only: BitNet 1.625 bpw, f16 scale per row
+    IQ2_BN = 135  # ik_llama.cpp only: BitNet 2.0 bpw, f32 scale per row
 
 
 class FileType(IntEnum):
@@ -35,6 +38,9 @@ class FileType(IntEnum):
     MOSTLY_TQ1_0 = 36
     MOSTLY_TQ2_0 = 37
     MOSTLY_I2_S = 40  # fork value; upstream uses 40 for MOSTLY_Q1_0, see FORMATS.md 3.1
+    MOSTLY_Q2_0 = 41  # upstream llama.h LLAMA_FTYPE_MOSTLY_Q2_0
+    MOSTLY_IQ1_BN = 136  # ik_llama.cpp llama.h LLAMA_FTYPE_MOSTLY_IQ1_BN
+    MOSTLY_IQ2_BN = 137  # ik_llama.cpp llama.h LLAMA_FTYPE_MOSTLY_IQ2_BN
 
 
 #: (elements per block, bytes per block). Byte counts spelt out as the layout they hold.
@@ -50,7 +56,14 @@ GGML_BLOCK_LAYOUT: dict[GGMLType, tuple[int, int]] = {
     GGMLType.TQ1_0: (256, 240 // 5 + 16 // 4 + 2),  # qs: 5 trits/byte, qh: 4/byte, f16 d = 54
     GGMLType.TQ2_0: (256, 256 // 4 + 2),  # qs[64] (4 trits/byte) + f16 d = 66
     GGMLType.I2_S: (128, 128 // 4),  # 32 bytes per 128 values, plus one 32-byte tail per tensor
+    GGMLType.Q2_0: (64, 2 + 64 // 4),  # f16 d + qs[16] (4 codes/byte) = 18
+    GGMLType.IQ1_BN: (64, 12 + 1),  # ql[12] (5 trits/byte) + extra (4 trits) = 13, + row scale
+    GGMLType.IQ2_BN: (64, 64 // 4),  # qs[16] = 16, + row scale
 }
+
+#: Bytes each row of these types starts with (ik_llama.cpp's ``row_meta_size``): the row's
+#: scale, f16 for IQ1_BN and f32 for IQ2_BN.
+ROW_META_BYTES: dict[GGMLType, int] = {GGMLType.IQ1_BN: 2, GGMLType.IQ2_BN: 4}
 
 I2_S_TAIL_BYTES = 32  # after the packed data: f32 scale in bytes 0..3, the rest zero
 
@@ -66,12 +79,20 @@ NUMPY_DTYPE = {
 }
 
 
-def ggml_nbytes(ggml_type: GGMLType, n_elements: int) -> int:
-    """Bytes a tensor of ``n_elements`` values occupies; Python ints, never numpy."""
+def ggml_nbytes(ggml_type: GGMLType, n_elements: int, row_len: int | None = None) -> int:
+    """Bytes a tensor of ``n_elements`` values occupies; Python ints, never numpy.
+
+    Types with a per-row header (:data:`ROW_META_BYTES`) need ``row_len``, the values per row
+    (the first GGUF dimension).
+    """
     per_block, block_bytes = GGML_BLOCK_LAYOUT[ggml_type]
     if n_elements % per_block:
         raise ValueError(f"{n_elements} values do not divide into blocks of {per_block}")
     size = n_elements // per_block * block_bytes
+    if ggml_type in ROW_META_BYTES:
+        if not row_len or n_elements % row_len:
+            raise ValueError(f"{ggml_type.name} needs the row length of its {n_elements} values")
+        size += n_elements // row_len * ROW_META_BYTES[ggml_type]
     if ggml_type == GGMLType.I2_S:
         size += I2_S_TAIL_BYTES
     return size

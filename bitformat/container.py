@@ -35,7 +35,8 @@ from .ternary import TernaryTensor
 
 CONTAINER_VERSION = 1
 TENSOR_KEY = "bitformat.tensor.{name}.{field}"
-NATIVE_TYPES = {GGMLType.I2_S: "i2_s", GGMLType.TQ2_0: "tq2_0", GGMLType.TQ1_0: "tq1_0"}
+NATIVE_TYPES = {GGMLType.I2_S: "i2_s", GGMLType.TQ2_0: "tq2_0", GGMLType.TQ1_0: "tq1_0",
+                GGMLType.Q2_0: "q2_0", GGMLType.IQ2_BN: "iq2_bn", GGMLType.IQ1_BN: "iq1_bn"}
 
 #: GGUF names of the seven ternary projections of a BitNet block.
 TERNARY_NAME = re.compile(
@@ -110,6 +111,11 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
                                   tensor=info.name)
             codecs[info.name] = (fmt, rows, cols, scale)
             entries.append(TensorEntry(info.name, (rows, cols), fid, info.nbytes, True))
+        elif any(TENSOR_KEY.format(name=info.name, field=f) in reader.metadata
+                 for f in ("shape", "scale")):  # described as coded, but with no encoding
+            raise MetadataError(f"missing metadata {enc_key} (the tensor has a coded shape or "
+                                "scale, so its words are not a plain tensor)", path=spath,
+                                tensor=info.name)
         elif _is_master(reader, info):  # f32/f16/bf16 BitNet weights, quantized on reading
             masters[info.name] = info.ggml_type.name
             entries.append(TensorEntry(info.name, info.shape, info.ggml_type.name.lower(),
@@ -335,6 +341,18 @@ def _plain_type(model: Model, e: TensorEntry) -> GGMLType:
     return GGMLType[e.encoding] if e.coding else model.plain(e.name)[0]
 
 
+def check_for_convert(model: Model) -> list[str]:
+    """Validate a model of a known family before converting it (:mod:`.validate`): a missing
+    tensor, a shape the config does not imply or a config value out of range is refused; NaN
+    or infinity in a norm or the embedding is copied as it is and returned as a warning.
+    Models of other architectures are converted tensor by tensor without this check."""
+    from .validate import FAMILIES, model_args, validate_model
+
+    if model.architecture not in FAMILIES:
+        return []
+    return [str(p) for p in validate_model(model, model_args(model), values="warning")]
+
+
 def convert(source: str | os.PathLike, out: str | os.PathLike, format_id: str, *,
             allow_scale_rounding: bool = False, i2s_variant: str = "x86",
             progress: Callable[[TensorEntry], None] | None = None) -> ConvertReport:
@@ -350,6 +368,7 @@ def convert(source: str | os.PathLike, out: str | os.PathLike, format_id: str, *
     model = open_model(source, i2s_variant=i2s_variant)
     try:
         require_ternary(model)
+        warnings = check_for_convert(model)
         if format_id == "hf":
             from .formats import hf
 
@@ -362,6 +381,7 @@ def convert(source: str | os.PathLike, out: str | os.PathLike, format_id: str, *
                                 allow_scale_rounding=allow_scale_rounding, progress=progress)
         report.quantized = {n: (t, model.quantize_rules.get(n, "")) for n, t in
                             model.quantized.items()}
+        report.warnings = warnings
         return report
     finally:
         model.close()

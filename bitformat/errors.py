@@ -68,6 +68,12 @@ class MetadataError(FormatError):
     """Required metadata is missing or has the wrong type."""
 
 
+class MissingTensorError(MetadataError, KeyError):
+    """A tensor the model needs is not in the file (also a ``KeyError``, as a dict lookup)."""
+
+    __str__ = BaseException.__str__
+
+
 class ScaleLossError(BitformatError, ValueError):
     """The target container cannot hold the source's scales exactly."""
 
@@ -79,6 +85,11 @@ class UnsupportedConversionError(BitformatError, ValueError):
 class RequestError(BitformatError, ValueError):
     """A request to run a model cannot be served (prompt too long, token id outside the
     vocabulary, unknown backend, bad sampling parameters)."""
+
+
+class ChatTemplateError(RequestError):
+    """A model's chat template is not valid Jinja, fails to render, or refuses the conversation
+    (``raise_exception`` in the template, e.g. roles that do not alternate)."""
 
 
 class UnavailableError(BitformatError, RuntimeError):

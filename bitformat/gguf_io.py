@@ -300,7 +300,8 @@ class GGUFReader:
         if dims[0] % per_block:
             raise FormatError(f"{what} has rows of {dims[0]} values, not a multiple of the "
                               f"{gtype.name} block of {per_block}", path=self.path)
-        info = TensorInfo(name, tuple(reversed(dims)), gtype, offset, ggml_nbytes(gtype, n))
+        info = TensorInfo(name, tuple(reversed(dims)), gtype, offset,
+                          ggml_nbytes(gtype, n, int(dims[0])))
         self.tensors[name] = info
         return info
 
@@ -411,7 +412,7 @@ class GGUFWriter:
             n = 1
             for d in shape:
                 n *= int(d)
-            nbytes = ggml_nbytes(ggml_type, n)
+            nbytes = ggml_nbytes(ggml_type, n, int(shape[-1]) if shape else None)
         self.tensors.append(PlannedTensor(name, tuple(int(d) for d in shape), ggml_type, nbytes))
 
     def _header(self) -> bytes:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .constants import GGMLType, ggml_nbytes
+from .errors import MissingTensorError
 from .gguf_io import MetaValue
 from .ternary import TernaryTensor
 
@@ -66,7 +67,8 @@ class Model:
         for e in self.entries:
             if e.name == name:
                 return e
-        raise KeyError(name)
+        raise MissingTensorError("missing (the model has no tensor of this name)",
+                                 path=self.path, tensor=name)
 
     def ternary(self, name: str) -> TernaryTensor:
         """Decode one ternary matrix into the hub form."""
@@ -107,3 +109,5 @@ class ConvertReport:
     bytes_written: int = 0
     #: float master weights quantized on the way: tensor -> (float type, rule)
     quantized: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: what validation found but did not refuse (:mod:`bitformat.validate`), one line each
+    warnings: list[str] = field(default_factory=list)

@@ -42,6 +42,9 @@ from .gguf_io import sanitize
 
 MAX_HEADER = 100_000_000  # the safetensors library's own cap on the JSON header
 MAX_JSON = 256 << 20
+#: deepest nesting of arrays and objects bitformat reads in any JSON file (safetensors headers,
+#: config.json, tokenizer files need 4 or 5; a deeper file is refused, never a RecursionError)
+MAX_JSON_DEPTH = 64
 MAX_DIMS = 8
 
 #: safetensors dtype -> element size in bytes.
@@ -90,9 +93,11 @@ class SafeFile:
 
     def _parse(self, header: bytes, data_start: int, data_size: int) -> dict[str, SafeTensor]:
         try:
-            obj = json.loads(header.decode("utf-8"), object_pairs_hook=_unique_keys)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise FormatError(f"header is not valid JSON ({exc})", path=self.path) from None
+            text = header.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"header is not valid JSON (not UTF-8: {exc})",
+                              path=self.path) from None
+        obj = loads_json(text, "header", self.path, object_pairs_hook=_unique_keys)
         if not isinstance(obj, dict):
             raise FormatError("header is not a JSON object", path=self.path)
         out: dict[str, SafeTensor] = {}
@@ -156,6 +161,28 @@ def _is_uint(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
+def loads_json(text: str | bytes, what: str, path: str, **kwargs) -> Any:
+    """``json.loads`` with a :class:`FormatError` naming the file for bad JSON, and nesting
+    deeper than :data:`MAX_JSON_DEPTH` refused (checked after parsing, without recursion)."""
+    try:
+        obj = json.loads(text, **kwargs)
+    except RecursionError:
+        raise FormatError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels",
+                          path=path) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FormatError(f"{what} is not valid JSON ({str(exc)[:120]})", path=path) from None
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise FormatError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels", path=path)
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
+    return obj
+
+
 def read_json(path: Path, what: str) -> dict[str, Any]:
     """A JSON object file of at most MAX_JSON bytes, no key twice; ``what`` names it in errors."""
     try:
@@ -166,9 +193,11 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     if len(data) > MAX_JSON:
         raise CountTooLargeError(f"{what} is larger than {MAX_JSON} bytes", path=str(path))
     try:
-        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FormatError(f"{what} is not valid JSON ({exc})", path=str(path)) from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{what} is not valid JSON (not UTF-8: {exc})",
+                          path=str(path)) from None
+    obj = loads_json(text, what, str(path), object_pairs_hook=_unique_keys)
     if not isinstance(obj, dict):
         raise FormatError(f"{what} is not a JSON object", path=str(path))
     return obj

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .errors import BitformatError
+from .families import family_of
 from .modelfile import Model, TensorEntry
 
 
@@ -35,6 +37,10 @@ class ModelSummary:
     tokenizer: dict
     tensors: list[TensorStats] = field(default_factory=list)
     totals: dict = field(default_factory=dict)
+    #: what validation found (:mod:`bitformat.validate`): {"level", "tensor", "message"};
+    #: level "error" means ``run`` and ``convert`` refuse the file
+    problems: list = field(default_factory=list)
+    family: dict = field(default_factory=dict)  # id, title, activation, sub_norms, ...
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -81,6 +87,36 @@ CONFIG_KEYS = ("vocab_size", "context_length", "embedding_length", "block_count"
                "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count")
 
 
+def _as_list(v) -> list:
+    """A metadata array as a list (anything else, e.g. a scalar where an array belongs, as [])."""
+    return list(v) if isinstance(v, (list, tuple, np.ndarray)) else []
+
+
+def validation_problems(model: Model) -> list[dict]:
+    """The validator's findings for ``inspect``: it shows a broken file rather than refuse it."""
+    from .errors import BitformatError
+    from .validate import FAMILIES, check_model, model_args
+
+    if model.architecture not in FAMILIES:
+        return []
+    try:
+        args = model_args(model)
+    except BitformatError as exc:
+        return [{"level": "error", "tensor": exc.tensor, "message": exc.problem}]
+    return [{"level": p.level, "tensor": p.tensor, "message": p.message}
+            for p in check_model(model, args, values="warning")]
+def _family(model: Model) -> dict:
+    """The model family (:mod:`bitformat.families`) and its switches, or why none fits."""
+    try:
+        f = family_of({k: v.plain() for k, v in model.metadata.items()
+                       if not k.startswith("tokenizer.")})
+    except BitformatError as e:
+        return {"id": None, "title": str(e)}
+    return {"id": f.id, "title": f.title, "activation": f.activation,
+            "sub_norms": f.sub_norms, "qk_norm": f.qk_norm, "permuted_qk": f.permuted_qk,
+            "head": "untied" if _head_name(model) == "output.weight" else "tied"}
+
+
 def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = None
               ) -> ModelSummary:
     """Decode every tensor once and gather what ``inspect`` prints."""
@@ -90,20 +126,26 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
     for key in ("general.name", "general.file_type", "bitformat.format"):
         if model.get(key) is not None:
             config[key] = model.get(key)
-    tokens = model.get("tokenizer.ggml.tokens") or []
-    token_types = model.get("tokenizer.ggml.token_type") or []
+    tokens = _as_list(model.get("tokenizer.ggml.tokens"))
+    token_types = _as_list(model.get("tokenizer.ggml.token_type"))
     tokenizer = {
         "model": model.get("tokenizer.ggml.model"),
         "pre": model.get("tokenizer.ggml.pre"),
         "tokens": len(tokens),
-        "merges": len(model.get("tokenizer.ggml.merges") or []),
+        "merges": len(_as_list(model.get("tokenizer.ggml.merges"))),
         "special_tokens": int(sum(1 for t in token_types if t in (3, 4))),
         "bos_token_id": model.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": model.get("tokenizer.ggml.eos_token_id"),
         "add_bos_token": model.get("tokenizer.ggml.add_bos_token"),
         "chat_template": model.get("tokenizer.chat_template") is not None,
     }
+    if tokenizer["model"] == "gpt2" and tokenizer["pre"] is None:
+        from .tokenizer_pre import resolve
+
+        tokenizer["pre"], tokenizer["pre_note"] = resolve(None, arch)
     summary = ModelSummary(model.path, model.container, arch, config, tokenizer)
+    summary.problems = validation_problems(model)
+    summary.family = _family(model)
     ternary_bytes = ternary_weights = embed_bytes = embed_row = other_bytes = 0
     total_bytes = 0
     counts = np.zeros(3, dtype=np.int64)
@@ -172,6 +214,15 @@ def render(summary: ModelSummary) -> str:
     """A plain-text report for a terminal."""
     lines = [f"{summary.path}", f"  container     {summary.container}",
              f"  architecture  {summary.architecture}"]
+    fam = summary.family
+    if fam.get("id"):
+        parts = [f"{fam['activation']} FFN", "sub-norms" if fam["sub_norms"] else
+                 "no sub-norms"] + (["q/k norms"] if fam["qk_norm"] else []) + (
+            ["q/k rows permuted (llama.cpp)"] if fam["permuted_qk"] else []) + [
+            f"{fam['head']} LM head"]
+        lines.append(f"  family        {fam['title']} [{fam['id']}]: {', '.join(parts)}")
+    elif fam:
+        lines.append(f"  family        none: {fam['title']}")
     for k, v in summary.config.items():
         lines.append(f"  {k:<34} {v:.7g}" if isinstance(v, float) else f"  {k:<34} {v}")
     tok = summary.tokenizer
@@ -179,6 +230,8 @@ def render(summary: ModelSummary) -> str:
                  f"{tok['merges']} merges, {tok['special_tokens']} special, bos "
                  f"{tok['bos_token_id']}, eos {tok['eos_token_id']}, chat template "
                  f"{'yes' if tok['chat_template'] else 'no'}")
+    if tok.get("pre_note"):
+        lines.append(f"                {tok['pre_note']}")
     lines.append("")
     head = (f"{'tensor':<28} {'shape':>13} {'encoding':>16} {'bytes':>11} {'bpw':>7} "
             f"{'-1':>6} {'0':>6} {'+1':>6} {'H0':>7} {'dead':>5}")
@@ -215,4 +268,12 @@ def render(summary: ModelSummary) -> str:
     share = tot["lm_head_share_of_token"]
     lines.append(f"  bytes per token    {human_bytes(tot['bytes_per_token'])}"
                  + (f" (LM head {share:.0%})" if share is not None else ""))
+    if summary.problems:
+        lines.append("")
+    for p in summary.problems[:20]:
+        what = "error (run and convert refuse)" if p["level"] == "error" else "warning"
+        where = f"tensor {p['tensor']!r}: " if p["tensor"] else ""
+        lines.append(f"  {what}: {where}{p['message']}")
+    if len(summary.problems) > 20:
+        lines.append(f"  ... and {len(summary.problems) - 20} more problems (--json lists all)")
     return "\n".join(lines)

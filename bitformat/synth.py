@@ -1,4 +1,5 @@
-"""Synthetic BitNet b1.58 models with the real architecture, written as i2_s containers.
+"""Synthetic ternary models with the real architecture of each family, written as i2_s
+containers.
 
 No model hub is reachable, so tests, benchmarks and demos run on models made here. ``2b4t``
 has exactly the tensors of the official ``microsoft/bitnet-b1.58-2B-4T-gguf`` file (names,
@@ -18,6 +19,14 @@ Weights follow the profile measured on the real model (``data/bitnet-2b4t-weight
   bf16 values (``embedding="bf16"``, the default), as in the official file, which was
   converted from the bf16 master weights: the low 3 mantissa bits of its normal values are
   zero. ``embedding="f16"`` keeps full f16 precision instead.
+
+The other families' presets (:mod:`bitformat.families`) have the tensors, shapes and metadata
+of their real checkpoints as bitformat imports them (GGUF names; an untied F16 ``output.weight``
+where the model has an ``lm_head``), with weights drawn from the same 2B-4T profile (layer
+``i`` of a deeper model uses profile layer ``i mod 30``); ``tiny-<family>`` are test sizes.
+Their sizes are the public ``config.json`` values: 1bitLLM/bitnet_b1_58-large and -3B,
+HF1BitLLM/Llama3-8B-1.58-100B-tokens (Llama-3-8B), tiiuae/Falcon3-7B-Instruct-1.58bit
+(Falcon3-7B) and prism-ml's Ternary Bonsai 8B (Qwen3-8B).
 
 ``tiny`` uses layers 0 and 1 of the profile with dead-row counts scaled to its sizes. Every
 tensor draws from its own generator, seeded by (seed, tensor name), so files are
@@ -40,6 +49,7 @@ import numpy as np
 
 from .constants import GGMLType, ValueType, ggml_nbytes
 from .container import output_metadata
+from .families import FAMILIES
 from .formats import get_format
 from .gguf_io import GGUFWriter, MetaValue, PlannedTensor
 from .ternary import TernaryTensor
@@ -63,10 +73,17 @@ class Preset:
     specials: int = 256  # size of the Llama-3 special block at the top of the vocabulary
     embed_std: float = 0.02
     general_name: str = ""
+    family: str = "bitnet-2b4t"
+    key_length: int = 0  # head size where it is not hidden / heads (Qwen3)
+    untied: bool = False  # an output.weight (HF lm_head) next to the embedding
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.key_length or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.head_dim * self.heads
 
     @property
     def kv_dim(self) -> int:
@@ -79,6 +96,30 @@ PRESETS = {
                    general_name="bitnet-tiny-synth"),
     "2b4t": Preset("2b4t", 2560, 30, 20, 5, 6912, 128256, 4096,
                    general_name="bitnet2b-synth"),
+    # name, hidden, layers, heads, kv heads, ffn, vocab, context, rope theta
+    "tiny-1bitllm": Preset("tiny-1bitllm", 256, 2, 4, 4, 512, 512, 256, 10000.0, specials=16,
+                           embed_std=0.1, general_name="1bitllm-tiny-synth",
+                           family="bitnet-1bitllm", untied=True),
+    "1bitllm-large": Preset("1bitllm-large", 1536, 24, 16, 16, 4096, 32002, 2048, 10000.0,
+                            general_name="bitnet_b1_58-large-synth", family="bitnet-1bitllm",
+                            untied=True),
+    "1bitllm-3b": Preset("1bitllm-3b", 3200, 26, 32, 32, 8640, 32002, 2048, 10000.0,
+                         general_name="bitnet_b1_58-3B-synth", family="bitnet-1bitllm",
+                         untied=True),
+    "tiny-llama": Preset("tiny-llama", 256, 2, 4, 2, 512, 512, 256, specials=16,
+                         embed_std=0.1, general_name="llama-ternary-tiny-synth",
+                         family="llama", untied=True),
+    "llama3-8b": Preset("llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192,
+                        general_name="Llama3-8B-1.58-synth", family="llama", untied=True),
+    "falcon3-7b": Preset("falcon3-7b", 3072, 28, 12, 4, 23040, 131072, 32768, 1000042.0,
+                         general_name="Falcon3-7B-1.58bit-synth", family="llama",
+                         untied=True),
+    "tiny-qwen3": Preset("tiny-qwen3", 256, 2, 4, 2, 512, 512, 256, 1000000.0, 1e-6,
+                         specials=16, embed_std=0.1, general_name="qwen3-ternary-tiny-synth",
+                         family="qwen3", key_length=128, untied=True),
+    "bonsai-8b": Preset("bonsai-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0, 1e-6,
+                        general_name="Ternary-Bonsai-8B-synth", family="qwen3",
+                        key_length=128, untied=True),
 }
 REAL = PRESETS["2b4t"]  # the sizes the profile was measured on
 
@@ -86,7 +127,8 @@ REAL = PRESETS["2b4t"]  # the sizes the profile was measured on
 #: in sorted HF-name order (input_layernorm, mlp.down_proj, mlp.ffn_sub_norm, mlp.gate_proj,
 #: mlp.up_proj, post_attention_layernorm, self_attn.attn_sub_norm, self_attn.k/o/q/v_proj).
 BLOCK_ORDER = ("attn_norm", "ffn_down", "ffn_sub_norm", "ffn_gate", "ffn_up", "ffn_norm",
-               "attn_sub_norm", "attn_k", "attn_output", "attn_q", "attn_v")
+               "attn_sub_norm", "attn_k_norm", "attn_k", "attn_output", "attn_q_norm", "attn_q",
+               "attn_v")
 _NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
 
 
@@ -101,12 +143,15 @@ def _preset(preset: str | Preset) -> Preset:
 
 
 def _block_shapes(p: Preset) -> dict[str, tuple[tuple[int, ...], GGMLType]]:
-    h, f, kv = p.hidden, p.ffn, p.kv_dim
+    h, f, kv, q, d = p.hidden, p.ffn, p.kv_dim, p.q_dim, p.head_dim
     i2s, f32 = GGMLType.I2_S, GGMLType.F32
-    return {"attn_norm": ((h,), f32), "ffn_down": ((h, f), i2s), "ffn_sub_norm": ((f,), f32),
-            "ffn_gate": ((f, h), i2s), "ffn_up": ((f, h), i2s), "ffn_norm": ((h,), f32),
-            "attn_sub_norm": ((h,), f32), "attn_k": ((kv, h), i2s),
-            "attn_output": ((h, h), i2s), "attn_q": ((h, h), i2s), "attn_v": ((kv, h), i2s)}
+    every = {"attn_norm": ((h,), f32), "ffn_down": ((h, f), i2s), "ffn_sub_norm": ((f,), f32),
+             "ffn_gate": ((f, h), i2s), "ffn_up": ((f, h), i2s), "ffn_norm": ((h,), f32),
+             "attn_sub_norm": ((h,), f32), "attn_k_norm": ((d,), f32), "attn_k": ((kv, h), i2s),
+             "attn_output": ((h, q), i2s), "attn_q_norm": ((d,), f32), "attn_q": ((q, h), i2s),
+             "attn_v": ((kv, h), i2s)}
+    have = FAMILIES[p.family].block_tensors()
+    return {k: v for k, v in every.items() if k in have}
 
 
 def plan(preset: str | Preset) -> list[PlannedTensor]:
@@ -118,9 +163,10 @@ def plan(preset: str | Preset) -> list[PlannedTensor]:
     """
     p = _preset(preset)
     shapes = _block_shapes(p)
-    out = [("token_embd.weight", (p.vocab, p.hidden), GGMLType.F16)]
+    out = [("output.weight", (p.vocab, p.hidden), GGMLType.F16)] if p.untied else []
+    out.append(("token_embd.weight", (p.vocab, p.hidden), GGMLType.F16))
     for layer in sorted(range(p.layers), key=str):  # 0, 1, 10, 11, ..., 19, 2, 20, ...
-        out += [(f"blk.{layer}.{k}.weight", *shapes[k]) for k in BLOCK_ORDER]
+        out += [(f"blk.{layer}.{k}.weight", *shapes[k]) for k in BLOCK_ORDER if k in shapes]
     out.append(("output_norm.weight", (p.hidden,), GGMLType.F32))
     return [PlannedTensor(n, s, t, ggml_nbytes(t, int(np.prod(s)))) for n, s, t in out]
 
@@ -129,7 +175,9 @@ def model_metadata(preset: str | Preset) -> dict[str, MetaValue]:
     """The model's GGUF metadata (architecture keys as in the official file, tokenizer)."""
     p = _preset(preset)
     u32, f32 = ValueType.UINT32, ValueType.FLOAT32
-    meta = {"general.architecture": MetaValue(ValueType.STRING, ARCH),
+    fam = FAMILIES[p.family]
+    arch = fam.arch
+    meta = {"general.architecture": MetaValue(ValueType.STRING, arch),
             "general.name": MetaValue(ValueType.STRING, p.general_name)}
     for key, vtype, value in (
             ("vocab_size", u32, p.vocab), ("context_length", u32, p.context),
@@ -138,7 +186,12 @@ def model_metadata(preset: str | Preset) -> dict[str, MetaValue]:
             ("attention.head_count", u32, p.heads), ("attention.head_count_kv", u32, p.kv_heads),
             ("attention.layer_norm_rms_epsilon", f32, p.eps), ("rope.freq_base", f32,
                                                                p.rope_theta)):
-        meta[f"{ARCH}.{key}"] = MetaValue(vtype, value)
+        meta[f"{arch}.{key}"] = MetaValue(vtype, value)
+    if p.key_length:
+        meta[f"{arch}.attention.key_length"] = MetaValue(u32, p.key_length)
+        meta[f"{arch}.attention.value_length"] = MetaValue(u32, p.key_length)
+    if fam.id == "bitnet-1bitllm":
+        meta[f"{arch}.hidden_activation"] = MetaValue(ValueType.STRING, "silu")
     meta["general.quantization_version"] = MetaValue(u32, 2)
     meta.update(train_bpe(p.vocab, llama3_specials(p.specials)).metadata())
     return meta
@@ -212,8 +265,9 @@ def trit_spec(preset: str | Preset, name: str, seed: int = 0) -> TritSpec:
     """The drawn statistics (dead rows and columns, scale, targets) of one ternary tensor."""
     p = _preset(preset)
     layer, kind = _split(name)
-    if layer >= REAL.layers:
-        raise ValueError(f"the profile has {REAL.layers} layers, not {layer + 1}")
+    if layer >= p.layers:
+        raise ValueError(f"the preset has {p.layers} layers, not {layer + 1}")
+    layer = layer % REAL.layers  # deeper models reuse the profile's layers in turn
     prof = load_profile()
     t = prof["tensors"][f"blk.{layer}.{kind}.weight"]
     (rows, cols), _ = _block_shapes(p)[kind]

@@ -129,19 +129,45 @@ class TernaryTensor:
     def with_block_scales(self, block: int) -> TernaryTensor:
         """Per-block form for a block-scaled target; all-zero blocks get scale 0.
 
-        This matches gguf-py's TQ quantizers, which set d = max|x| of the block.
+        This matches gguf-py's and ggml's quantizers, which set d = max|x| of the block.
+        ``block`` may be finer than the source's blocks (their scales repeat) or coarser, as
+        long as the non-zero source blocks inside each target block agree (a per-row target
+        takes tq2_0 blocks whose scales change only from row to row); otherwise
+        :class:`ScaleLossError` names the first block that disagrees.
         """
         if self.scale_block == block:
             return self
-        s = self.tensor_scale()
-        if s is None:
-            raise ScaleLossError(f"cannot re-block scales from {self.scale_block} to {block}",
-                                 tensor=self.name or None)
         rows, cols = self.shape
         if cols % block:
             raise ShapeError(f"row length {cols} is not a multiple of the {block}-value block",
                              tensor=self.name or None)
-        scales = np.where(self.block_nonzero(block), np.float32(s), np.float32(0))
+        nz = self.block_nonzero(block)
+        src = self.scale_block
+        if src == 0:
+            scales = np.where(nz, self.scales[0], np.float32(0))
+        elif src % block == 0:  # finer: each source scale covers several target blocks
+            scales = np.where(nz, np.repeat(self.scales, src // block, axis=1), np.float32(0))
+        elif block % src == 0:  # coarser: the source blocks inside one must agree
+            k = block // src
+            sc = self.scales.reshape(rows, cols // block, k)
+            used = self.block_nonzero().reshape(rows, cols // block, k)
+            hi = np.where(used, sc, -np.inf).max(axis=2)
+            lo = np.where(used, sc, np.inf).min(axis=2)
+            bad = nz & (hi != lo)
+            if bad.any():
+                r, b = (int(v) for v in np.argwhere(bad)[0])
+                raise ScaleLossError(
+                    f"the target stores one scale per {block} values, but the {src}-value "
+                    f"blocks of row {r}, columns {b * block}..{(b + 1) * block - 1} have "
+                    f"scales {float(lo[r, b])!r} .. {float(hi[r, b])!r}",
+                    tensor=self.name or None)
+            scales = np.where(nz, hi, np.float32(0))
+        else:
+            s = self.tensor_scale()
+            if s is None:
+                raise ScaleLossError(f"cannot re-block scales from {src} to {block}",
+                                     tensor=self.name or None)
+            scales = np.where(nz, np.float32(s), np.float32(0))
         return TernaryTensor(self.trits, scales.astype(np.float32), block, self.name)
 
     def dense(self, dtype=np.float32) -> np.ndarray:
@@ -162,7 +188,13 @@ class TernaryTensor:
         if self.scale_block == other.scale_block:
             nz = self.block_nonzero()
             return bool(np.array_equal(self.scales[nz], other.scales[nz]))
-        return False
+        nz = self.trits != 0  # different blocks (per row, per 64, per 256): value by value
+        return bool(np.array_equal(self._element_scales()[nz], other._element_scales()[nz]))
+
+    def _element_scales(self) -> np.ndarray:
+        if self.scale_block == 0:
+            return np.full(self.shape, self.scales[0], np.float32)
+        return np.repeat(self.scales, self.scale_block, axis=1)
 
 
 def f16_exact(value: float) -> bool:

@@ -3,7 +3,9 @@
 A GGUF file carries its tokenizer as metadata::
 
     tokenizer.ggml.model             string    "gpt2" (byte-level BPE)
-    tokenizer.ggml.pre               string    "llama-bpe": the Llama-3 split regex
+    tokenizer.ggml.pre               string    llama.cpp's pre-tokenizer name: "llama-bpe" (the
+                                               Llama-3 split regex), "gpt-2", "qwen2", "falcon3",
+                                               ... (:mod:`.tokenizer_pre`)
     tokenizer.ggml.tokens            str[]     token strings, byte-level encoded (" a" -> "Ġa")
     tokenizer.ggml.token_type        i32[]     1 normal, 3 control, 4 user-defined
     tokenizer.ggml.merges            str[]     "left right", in merge-priority order
@@ -11,7 +13,7 @@ A GGUF file carries its tokenizer as metadata::
     tokenizer.ggml.eos_token_id      u32
     tokenizer.ggml.padding_token_id  u32
     tokenizer.ggml.add_bos_token     bool
-    tokenizer.chat_template          string    a Jinja template (rendered here in pure Python)
+    tokenizer.chat_template          string    a Jinja template (see :mod:`.chat_template`)
 
 :class:`Tokenizer` runs such a tokenizer with the ``tokenizers`` package; :func:`to_hf_files`
 and :func:`from_hf_files` convert it to and from a Hugging Face tokenizer folder. Every token
@@ -37,21 +39,14 @@ from typing import Any
 
 import numpy as np
 
+from .chat_template import BITNET_CHAT_TEMPLATE, render_chat
 from .constants import ValueType
-from .errors import MetadataError, UnsupportedConversionError
+from .errors import BitformatError, MetadataError, UnsupportedConversionError
 from .gguf_io import MetaValue
 
 #: The pre-tokenizer regex of Llama 3 (``tokenizer.json``; llama.cpp's ``llama-bpe``).
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-#: ``chat_template`` of microsoft/bitnet-b1.58-2B-4T (tokenizer_config.json).
-BITNET_CHAT_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = message['role'] | capitalize + ': '+ message['content'] | trim + "
-    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
-    "{% endif %}{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}")
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4  # llama.cpp's llama_token_type
 
@@ -59,7 +54,6 @@ BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 MAX_TRAINED = 32768
 _RESERVED = "<|reserved_special_token_{}|>"
 _KEY = "tokenizer.ggml."
-_LLAMA3_PRE = (None, "llama-bpe", "llama3")  # a missing key means llama3, as in ik_llama.cpp
 
 
 def llama3_specials(n: int = 256) -> list[str]:
@@ -128,20 +122,26 @@ class BPEData:
         if need("model") != "gpt2":
             raise UnsupportedConversionError(f"tokenizer model {m[_KEY + 'model']!r} is not "
                                              "a byte-level BPE ('gpt2')")
-        tokens = [str(t) for t in need("tokens")]
-        types = [int(t) for t in m.get(_KEY + "token_type", [TOKEN_NORMAL] * len(tokens))]
+        tokens = _typed_list(need("tokens"), str, _KEY + "tokens")
+        types = _typed_list(m.get(_KEY + "token_type", [TOKEN_NORMAL] * len(tokens)),
+                            (int, np.integer), _KEY + "token_type")
         if len(types) != len(tokens):
             raise MetadataError(f"{len(tokens)} tokens but {len(types)} token types")
         ids = [need("bos_token_id"), need("eos_token_id"), m.get(_KEY + "padding_token_id")]
+        if any(i is not None and (isinstance(i, bool) or not isinstance(i, (int, np.integer)))
+               for i in ids):
+            raise MetadataError(f"a special token id in {ids!r:.80} is not an integer")
         if any(i is not None and not 0 <= int(i) < len(tokens) for i in ids):
             raise MetadataError(f"a special token id in {ids} is outside the vocabulary of "
                                 f"{len(tokens)}")
 
         def opt(key: str, conv):
             v = m.get(key)
+            if v is not None and not isinstance(v, {int: (int, np.integer)}.get(conv, conv)):
+                raise MetadataError(f"metadata {key} is {str(v)[:40]!r}, not a {conv.__name__}")
             return None if v is None else conv(v)
 
-        return cls(tokens, types, [str(x) for x in m.get(_KEY + "merges", [])],
+        return cls(tokens, types, _typed_list(m.get(_KEY + "merges", []), str, _KEY + "merges"),
                    int(ids[0]), int(ids[1]), opt(_KEY + "padding_token_id", int),
                    opt(_KEY + "add_bos_token", bool), opt(_KEY + "add_eos_token", bool),
                    opt("tokenizer.chat_template", str), opt(_KEY + "pre", str))
@@ -150,6 +150,14 @@ class BPEData:
         """Tokenizer keys of ``meta`` that this class (and so the HF files) cannot hold."""
         known = {_KEY + k for k in self.KEYS} | {"tokenizer.chat_template"}
         return [k for k in meta if k.startswith("tokenizer.") and k not in known]
+
+
+def _typed_list(v: Any, kind, key: str) -> list:
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple, np.ndarray)) or not all(
+            isinstance(x, kind) and not isinstance(x, bool) for x in v):
+        raise MetadataError(f"metadata {key} is not an array of "
+                            f"{'strings' if kind is str else 'integers'}")
+    return [x if kind is str else int(x) for x in v]
 
 
 # -- training ---------------------------------------------------------------------------------
@@ -219,16 +227,22 @@ def _merge_str(m: Any) -> str:
 
 
 def _pre_tokenizer(pre: str | None):
-    from tokenizers import Regex, pre_tokenizers
+    from . import tokenizer_pre
 
-    if pre in _LLAMA3_PRE:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    if pre == "gpt2":
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    raise UnsupportedConversionError(f"pre-tokenizer {pre!r} is not supported "
-                                     "(llama-bpe or gpt2)")
+    return tokenizer_pre.build(pre if pre is not None else "llama-bpe")
+
+
+def _ignore_merges(pre: str | None) -> bool:
+    from . import tokenizer_pre
+
+    return tokenizer_pre.get(pre if pre is not None else "llama-bpe").ignore_merges
+
+
+def default_add_bos(pre: str | None) -> bool:
+    """llama.cpp's add_bos when the file does not say: true for the Llama 3 family."""
+    from . import tokenizer_pre
+
+    return tokenizer_pre.get(pre if pre is not None else "llama-bpe").add_bos
 
 
 def _build(d: BPEData, with_post_processor: bool):
@@ -242,19 +256,32 @@ def _build(d: BPEData, with_post_processor: bool):
     pairs = [tuple(m.split(" ")) for m in d.merges]
     if any(len(p) != 2 for p in pairs):
         raise MetadataError("a merge is not two tokens separated by one space")
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=d.pre in _LLAMA3_PRE))
-    tok.pre_tokenizer = _pre_tokenizer(d.pre)
-    tok.decoder = decoders.ByteLevel()
-    # Types other than normal and user-defined (unknown 2, unused 5, byte 6) count as
-    # control: never produced from text except by their exact string.
-    added = [AddedToken(t, special=ty != TOKEN_USER_DEFINED, normalized=False)
-             for t, ty in zip(d.tokens, d.token_types, strict=True) if ty != TOKEN_NORMAL]
-    tok.add_special_tokens([a for a in added if a.special])
-    tok.add_tokens([a for a in added if not a.special])
-    if with_post_processor and d.add_bos:
-        bos = d.tokens[d.bos_id]
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, d.bos_id)])
+    try:
+        tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs,
+                                     ignore_merges=_ignore_merges(d.pre)))
+        tok.pre_tokenizer = _pre_tokenizer(d.pre)
+        tok.decoder = decoders.ByteLevel()
+        # Types other than normal and user-defined (unknown 2, unused 5, byte 6) count as
+        # control: never produced from text except by their exact string.
+        added = [AddedToken(t, special=ty != TOKEN_USER_DEFINED, normalized=False)
+                 for t, ty in zip(d.tokens, d.token_types, strict=True) if ty != TOKEN_NORMAL]
+        tok.add_special_tokens([a for a in added if a.special])
+        tok.add_tokens([a for a in added if not a.special])
+        add_bos = d.add_bos if d.add_bos is not None else default_add_bos(d.pre)
+        if with_post_processor and add_bos:
+            bos = d.tokens[d.bos_id]
+            tok.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1",
+                special_tokens=[(bos, d.bos_id)])
+    except BitformatError:
+        raise
+    except BaseException as exc:  # the tokenizers library's errors, pyo3 panics included
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)) or not isinstance(
+                exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
+        raise MetadataError(f"the tokenizer library refuses this vocabulary: "
+                            f"{str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
+                            ) from None
     return tok
 
 
@@ -270,10 +297,22 @@ class Tokenizer:
     """
 
     def __init__(self, metadata: dict[str, Any]):
+        from . import tokenizer_pre
+
         self.data = BPEData.from_metadata(metadata)
-        self._tok = _build(self.data, with_post_processor=False)
+        arch = metadata.get("general.architecture")
+        arch = arch.plain() if isinstance(arch, MetaValue) else arch
+        #: the pre-tokenizer run, and why when the file does not name one (for inspect)
+        self.pre, self.pre_note = tokenizer_pre.resolve(self.data.pre, arch)
+        if self.pre_note and self.pre == "default":
+            import warnings
+
+            warnings.warn(self.pre_note, stacklevel=2)
         d = self.data
-        self.add_bos = d.add_bos if d.add_bos is not None else d.pre in _LLAMA3_PRE
+        run = BPEData(d.tokens, d.token_types, d.merges, d.bos_id, d.eos_id, d.pad_id,
+                      d.add_bos, d.add_eos, d.chat_template, self.pre)
+        self._tok = _build(run, with_post_processor=False)
+        self.add_bos = d.add_bos if d.add_bos is not None else default_add_bos(self.pre)
         self.chat_template = d.chat_template or BITNET_CHAT_TEMPLATE
 
     @classmethod
@@ -326,33 +365,9 @@ class Tokenizer:
         """The conversation as prompt text, rendered from the file's chat template."""
         return render_chat(self.chat_template, messages, add_generation_prompt,
                            bos_token=self.data.tokens[self.data.bos_id],
-                           eos_token=self.data.tokens[self.data.eos_id])
-
-
-def render_chat(template: str, messages: list[dict], add_generation_prompt: bool = True, *,
-                bos_token: str = BOS, eos_token: str = EOS) -> str:
-    """Render a chat template without Jinja for the BitNet templates.
-
-    The BitNet 2B-4T template (with or without its leading bos) is rendered in plain Python:
-    ``bos + "Role: content<|eot_id|>"`` per message (role capitalised, content stripped, as
-    Jinja's ``capitalize`` and ``trim`` do), then ``"Assistant: "``. Any other template needs
-    the ``jinja2`` package.
-    """
-    no_bos = BITNET_CHAT_TEMPLATE.replace(
-        "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}", "")
-    if template in (BITNET_CHAT_TEMPLATE, no_bos):
-        parts = [f"{m['role'].capitalize()}: {m['content'].strip()}{EOT}" for m in messages]
-        if parts and template == BITNET_CHAT_TEMPLATE:
-            parts[0] = bos_token + parts[0]
-        return "".join(parts) + ("Assistant: " if add_generation_prompt else "")
-    try:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise UnsupportedConversionError("this chat template needs the jinja2 package") from None
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template).render(messages=messages, bos_token=bos_token,
-                                            eos_token=eos_token,
-                                            add_generation_prompt=add_generation_prompt)
+                           eos_token=self.data.tokens[self.data.eos_id],
+                           pad_token=None if self.data.pad_id is None else
+                           self.data.tokens[self.data.pad_id])
 
 
 # -- Hugging Face files -----------------------------------------------------------------------
@@ -393,6 +408,19 @@ def to_hf_files(metadata: dict[str, Any], out_dir: str | os.PathLike) -> list[st
 
 
 def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
+    """GGUF tokenizer metadata from a Hugging Face folder (see :func:`_from_hf_files`); a
+    field of an unexpected type or structure is a :class:`MetadataError` naming the folder."""
+    try:
+        return _from_hf_files(hf_dir)
+    except BitformatError:
+        raise
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
+        raise MetadataError(f"the tokenizer files have an unexpected structure "
+                            f"({type(exc).__name__}: {str(exc)[:100]})", path=str(hf_dir)
+                            ) from None
+
+
+def _from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
     """GGUF tokenizer metadata from a Hugging Face folder (the inverse of :func:`to_hf_files`).
 
     Token types: added special tokens are control (3), other added tokens user-defined (4),
@@ -401,10 +429,9 @@ def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
     """
     folder = Path(hf_dir)
     path = folder / "tokenizer.json"
-    try:
-        tj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MetadataError(f"cannot read tokenizer.json: {exc}", path=str(path)) from None
+    from .safetensors_io import read_json
+
+    tj = read_json(path, "tokenizer.json")
     config = _read_json(folder / "tokenizer_config.json")
     smap = _read_json(folder / "special_tokens_map.json")
     model = tj.get("model") or {}
@@ -443,6 +470,11 @@ def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     if template is None and (folder / "chat_template.jinja").is_file():
         template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    for what, v, kind in (("chat_template", template, str), ("add_bos_token", add_bos, bool),
+                          ("add_eos_token", config.get("add_eos_token"), bool)):
+        if v is not None and not isinstance(v, kind):
+            raise MetadataError(f"{what} is {str(v)[:40]!r}, not a {kind.__name__}",
+                                path=str(folder / "tokenizer_config.json"))
     d = BPEData(tokens, [by_id[i][1] for i in range(len(tokens))],
                 [_merge_str(m) for m in model.get("merges", [])], bos, eos,
                 special("pad_token"), add_bos, config.get("add_eos_token"), template,
@@ -451,25 +483,23 @@ def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    from .safetensors_io import read_json
+
     if not path.is_file():
         return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise MetadataError(f"not valid JSON: {exc}", path=str(path)) from None
+    return read_json(path, path.name)
 
 
 def _pre_name(pre: dict | None, path: str) -> str:
     """llama.cpp's pre-tokenizer name for a ``tokenizer.json`` pre_tokenizer."""
-    pre = pre or {}
-    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
-        return "gpt2"
-    if pre.get("type") == "Sequence":
-        parts = pre.get("pretokenizers", [])
-        regex = parts[0].get("pattern", {}).get("Regex") if parts else None
-        if regex == LLAMA3_PATTERN and len(parts) == 2 and parts[1].get("type") == "ByteLevel":
-            return "llama-bpe"
-    raise UnsupportedConversionError("pre-tokenizer is neither Llama 3's nor GPT-2's", path=path)
+    from . import tokenizer_pre
+
+    name = tokenizer_pre.name_of(pre)
+    if name is None:
+        raise UnsupportedConversionError(
+            "pre-tokenizer matches none llama.cpp names (llama-bpe, qwen2, gpt-2, falcon, "
+            "starcoder, default)", path=path)
+    return name
 
 
 __all__ = ["BITNET_CHAT_TEMPLATE", "BPEData", "LLAMA3_PATTERN", "Tokenizer", "corpus",

@@ -33,6 +33,29 @@ def test_mm2_tokens_equals_one_token_kernel(layout, kind, rows, cols):
         np.testing.assert_array_equal(got, want, err_msg=f"T={T}")
 
 
+@pytest.mark.parametrize("layout,kind", [("x86", K.KIND_I2S), ("plain", K.KIND_LOW)])
+@pytest.mark.parametrize("rows,cols", [(16, 256), (53, 512), (300, 1024), (3, 256)])
+def test_mm2_amx_tokens_equals_one_token_kernel(layout, kind, rows, cols):
+    from bitformat.runtime.cpu import amx
+
+    if not amx.available():
+        pytest.skip("needs AMX-INT8 (and Linux's permission for it)")
+    rng = np.random.default_rng(rows + cols)
+    W = rng.integers(0, 256, (rows, cols // 4), dtype=np.uint8)
+    W[W & 3 == 3] ^= 1
+    ws = rng.uniform(0.5, 2, rows).astype(np.float32)
+    for T in (1, 2, 3, 8, 13, 16):
+        qa = quantize_activations(rng.standard_normal((T, cols)).astype(np.float32))
+        XG = K.slot_activations(qa.q, layout, cols)
+        corr = qa.q.sum(axis=1, dtype=np.int32)
+        want = np.empty((T, rows), np.float32)
+        got = np.empty((T, rows), np.float32)
+        K.mm2_vnni(W, XG, corr, qa.s, ws, kind, want)
+        amx.mm2_amx_tokens(W, XG, amx.tile_activations(XG, kind), amx.tile_config(T), corr,
+                           qa.s, ws, kind, got)
+        np.testing.assert_array_equal(got, want, err_msg=f"T={T}")
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("vocab,h", [(37, 256), (10, 80), (9, 100)])
 def test_lm_head_tokens_rows_do_not_depend_on_the_batch(bf16, vocab, h):

@@ -271,17 +271,34 @@ def test_export_refusals(tiny_gguf, tmp_path):
     with open_model(tiny_gguf) as m:
         meta = dict(m.metadata)
         meta["general.architecture"] = type(meta["general.architecture"])(
-            meta["general.architecture"].vtype, "bitnet")
-        with pytest.raises(UnsupportedConversionError, match="not transformers' BitNet"):
+            meta["general.architecture"].vtype, "gpt2")
+        with pytest.raises(UnsupportedConversionError, match="not a ternary family"):
             write_hf(variant(m, metadata=meta), tmp_path / "a")
         out = m.entry("token_embd.weight")
-        extra = [*m.entries, type(out)("output.weight", out.shape, "F16", out.nbytes, False)]
-        plain = lambda n: m.plain("token_embd.weight" if n == "output.weight" else n)  # noqa
-        with pytest.raises(UnsupportedConversionError, match="untied LM head"):
-            write_hf(variant(m, entries=extra, plain=plain), tmp_path / "b")
+        extra = [*m.entries, type(out)("blk.0.attn_q_norm.weight", (64,), "F32", 256, False)]
+        with pytest.raises(UnsupportedConversionError, match="no BitNetForCausalLM tensor"):
+            write_hf(variant(m, entries=extra), tmp_path / "b")
         with pytest.raises(UnsupportedConversionError, match="bfloat16 cannot hold"):
             write_hf(m, tmp_path / "c", dtype="bfloat16")  # F16 values are not bf16-exact
     assert os.listdir(tmp_path) == []
+
+
+def test_untied_head_exports_as_lm_head(tiny_gguf, tmp_path):
+    """An ``output.weight`` becomes ``lm_head.weight`` with tie_word_embeddings false, and
+    comes back as the same tensor."""
+    with open_model(tiny_gguf) as m:
+        out = m.entry("token_embd.weight")
+        extra = [*m.entries, type(out)("output.weight", out.shape, "F16", out.nbytes, False)]
+        rng = np.random.default_rng(5)
+        head = rng.standard_normal(out.shape).astype(np.float16).view(np.uint8).reshape(-1)
+        plain = lambda n: (m.plain("token_embd.weight")[0], head) if n == "output.weight" \
+            else m.plain(n)  # noqa: E731
+        write_hf(variant(m, entries=extra, plain=plain), tmp_path / "b")
+    cfg = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False
+    with open_model(tmp_path / "b") as back:
+        assert back.entry("output.weight").shape == out.shape
+        assert np.array_equal(back.plain("output.weight")[1].view(np.uint8).reshape(-1), head)
 
 
 def test_rows_not_multiple_of_4(tiny_gguf, tmp_path):
@@ -351,8 +368,11 @@ def test_import_refusals(hf_copy):
         ({"quantization_config": {"quant_method": "bitnet", "linear_class": "autobitlinear",
                                   "quantization_mode": "online"}}, UnsupportedConversionError,
          "packed weights in an online checkpoint"),
-        ({"tie_word_embeddings": False}, UnsupportedConversionError, "not tied"),
-        ({"model_type": "llama"}, UnsupportedConversionError, "not bitnet"),
+        ({"tie_word_embeddings": False}, UnsupportedConversionError, "no LM head"),
+        ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
+         UnsupportedConversionError, "not a ternary family"),
+        ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, FormatError,
+         "unexpected tensor for a LlamaForCausalLM"),  # BitNet's sub-norms
         ({"hidden_size": 0}, MetadataError, "hidden_size must be a positive int"),
         ({"bitformat": {"metadata": {"general.name": {"type": "UINT8", "value": 300}}}},
          MetadataError, "not a typed GGUF value"),
@@ -394,8 +414,11 @@ def test_untied_head_equal_to_embedding_is_accepted(hf_copy):
     emb = tensors["model.embed_tokens.weight"]
     tensors["lm_head.weight"] = (emb[0], emb[1], bytes(len(emb[2])))
     st_write(path, tensors)
-    with pytest.raises(UnsupportedConversionError, match="not tied"):
-        open_model(hf_copy)
+    with pytest.raises(UnsupportedConversionError, match="differs from embed_tokens"):
+        open_model(hf_copy)  # the config says tied
+    edit_config(hf_copy, tie_word_embeddings=False)
+    with open_model(hf_copy) as m:  # an untied head
+        assert m.entry("output.weight").shape == tuple(emb[1])
 
 
 # -- hostile safetensors ----------------------------------------------------------------------

@@ -398,8 +398,8 @@ def test_model_args_sources(tiny):
         "num_key_value_heads": 5, "intermediate_size": 6912, "vocab_size": 128256,
         "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096})
     assert (hf.head_dim, hf.n_kv_heads, hf.rope_theta) == (128, 5, 500000.0)
-    with pytest.raises(UnsupportedConversionError, match="architecture 'llama'"):
-        ModelArgs.from_metadata({**meta, "general.architecture": "llama"})
+    with pytest.raises(UnsupportedConversionError, match="architecture 'gpt2'"):
+        ModelArgs.from_metadata({**meta, "general.architecture": "gpt2"})
 
 
 # -- other sources: HF folders, upstream's "bitnet" architecture -----------------------------
@@ -410,17 +410,20 @@ def test_hf_folder_runs_like_its_gguf(tiny, cpu_models, tmp_path):
         assert rel_err(m.logits(PROMPT), cpu_models["i2_s"].logits(PROMPT)) < 1e-5
 
 
-def rewrite(src, dst, *, arch: str | None = None, add: dict | None = None, patch=None):
+def rewrite(src, dst, *, arch: str | None = None, add: dict | None = None, patch=None,
+            meta: dict | None = None):
     """Copy a GGUF, renaming its architecture keys, adding F32 tensors, patching raw bytes."""
     from bitformat.constants import GGMLType
     from bitformat.gguf_io import GGUFWriter, MetaValue
 
     with open_model(src) as m:
         old = m.architecture
+        extra = meta
         meta = {(k.replace(old, arch, 1) if arch and k.startswith(old + ".") else k): v
                 for k, v in m.metadata.items()}
         if arch:
             meta["general.architecture"] = MetaValue.of(arch)
+        meta.update({k: MetaValue.of(v) for k, v in (extra or {}).items()})
         w = GGUFWriter(str(dst), metadata=meta)
         blobs = []
         for e in m.entries:
@@ -445,7 +448,7 @@ def test_upstream_bitnet_arch_with_scale_tensors(tiny, cpu_models, tmp_path):
         return raw
 
     a = rewrite(tiny["i2_s"], tmp_path / "a.gguf", arch="bitnet",
-                add={"blk.0.ffn_down.scale": 2.0})
+                add={"blk.0.ffn_down.scale": 2.0}, meta={"bitnet.hidden_activation": "relu2"})
     b = rewrite(tiny["i2_s"], tmp_path / "b.gguf", patch=double)
     with load(a, backend="cpu") as ma, load(b, backend="cpu") as mb:
         assert ma.args.arch == "bitnet"

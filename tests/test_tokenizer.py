@@ -283,3 +283,82 @@ def test_training_text_is_frozen():
     assert len(text) >= 1 << 16 and text.isascii()
     assert hashlib.sha256(text.encode()).hexdigest() == (
         "a1d5bcea0bbb9898c895943a179f81ac485302cab1594d5c4a8622fae09f30a5")
+
+
+# -- pre-tokenizers under llama.cpp's names ----------------------------------------------------
+PRE_TEXTS = ["Hello world, it's 2024!  Numbers 1234567 and   spaces\n\n\tTabs; (x+y)^2 <= z",
+             "Don't YOU'LL we've: déjà vu ĳ 你好世界 x86_64 $$$ ~~~ |pipe| `code`",
+             "  leading and trailing  ", "a\r\nb\rc\n", "1 12 123 1234 12345 3.14159"]
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "falcon3", "gpt-2", "qwen2", "falcon",
+                                  "starcoder", "default"])
+def test_pre_tokenizer_splits_like_llama_cpp_regexes(name):
+    """Pieces from the tokenizers-built pre-tokenizer equal a direct sequential split with
+    the ``regex`` package (llama.cpp's algorithm: each regex splits every piece, matches
+    and gaps kept)."""
+    regex = pytest.importorskip("regex")
+    from bitformat import tokenizer_pre
+
+    def split(text, patterns):
+        pieces = [text]
+        for p in patterns:
+            out = []
+            for piece in pieces:
+                pos = 0
+                for m in regex.finditer(p, piece):
+                    if m.start() > pos:
+                        out.append(piece[pos:m.start()])
+                    if m.end() > m.start():
+                        out.append(m.group())
+                    pos = m.end()
+                if pos < len(piece):
+                    out.append(piece[pos:])
+            pieces = out
+        return pieces
+
+    from tokenizers import pre_tokenizers
+
+    byte = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    pre = tokenizer_pre.build(name)
+    for text in PRE_TEXTS:
+        got = [p for p, _ in pre.pre_tokenize_str(text)]
+        want = [p for s in split(text, tokenizer_pre.get(name).regexes)
+                for p, _ in byte.pre_tokenize_str(s)]
+        assert got == want, (name, text)
+
+
+def test_pre_tokenizer_names():
+    from bitformat import tokenizer_pre
+
+    with pytest.raises(UnsupportedConversionError, match="'gpt-4o'.*not supported"):
+        tokenizer_pre.get("gpt-4o")
+    assert tokenizer_pre.get("gpt2") is tokenizer_pre.get("gpt-2")  # bitformat's old name
+    assert tokenizer_pre.resolve("gpt2", None) == ("gpt-2", "")
+    name, note = tokenizer_pre.resolve(None, "bitnet-b1.58")
+    assert name == "llama-bpe" and "assumed" in note
+    name, note = tokenizer_pre.resolve(None, "qwen3")
+    assert name == "default" and "default" in note
+
+
+def test_qwen2_and_gpt2_tokenize_like_transformers(tmp_path):
+    """A vocabulary exported under each name reads back under the same name, and
+    transformers' fast tokenizer on the export gives our ids (BOS included)."""
+    transformers = pytest.importorskip("transformers")
+    from bitformat.tokenizer import BPEData, Tokenizer, from_hf_files, to_hf_files
+
+    base = train_bpe(512, llama3_specials(16))
+    for pre, add_bos in (("qwen2", False), ("gpt-2", None), ("falcon3", None)):
+        d = BPEData(base.tokens, base.token_types, base.merges, base.bos_id, base.eos_id,
+                    base.pad_id, add_bos, None, None, pre)
+        meta = d.metadata()
+        out = tmp_path / pre
+        to_hf_files(meta, out)
+        back = from_hf_files(out)
+        want_pre = "llama-bpe" if pre == "falcon3" else pre  # same regex, llama.cpp's name
+        assert back["tokenizer.ggml.pre"].value == want_pre
+        ours = Tokenizer(meta)
+        hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
+        for text in PRE_TEXTS:
+            assert hf(text)["input_ids"] == ours.encode(text), (pre, text)
+        assert ours.add_bos == (pre == "falcon3")

@@ -7,7 +7,7 @@ import importlib
 from .base import FORMATS, TernaryFormat, get_format
 
 #: Every ternary encoding, in the order tables list them.
-FORMAT_IDS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "rans")
+FORMAT_IDS = ("i2_s", "tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "stfma", "colpack_u32", "rans")
 
 
 def load_all() -> None:

@@ -62,7 +62,8 @@ class TernaryFormat:
         return (rows, cols)
 
     def nbytes(self, rows: int, cols: int) -> int:
-        return ggml_nbytes(self.storage_type, int(np.prod(self.stored_shape(rows, cols))))
+        shape = self.stored_shape(rows, cols)
+        return ggml_nbytes(self.storage_type, int(np.prod(shape)), int(shape[-1]))
 
     # -- scales ----------------------------------------------------------------------------
     def prepare(self, t: TernaryTensor, allow_rounding: bool = False) -> tuple[TernaryTensor,

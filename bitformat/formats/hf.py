@@ -49,6 +49,7 @@ from ..errors import (
     ShapeError,
     UnsupportedConversionError,
 )
+from ..families import Family, family_of, hf_family
 from ..gguf_io import MetaValue, sanitize
 from ..modelfile import ConvertReport, Model, TensorEntry
 from ..quantize import ABSMEAN, absmean
@@ -68,7 +69,6 @@ from ..safetensors_io import (
 )
 from ..ternary import TernaryTensor, bf16_exact
 from .hf_config import (
-    HF_ARCHES,
     PROJECTIONS,
     TORCH_DTYPE,
     Hyper,
@@ -79,6 +79,7 @@ from .hf_config import (
     hf_module,
     hyper_from_config,
     hyper_from_metadata,
+    linear_class,
     quant_mode,
     read_record,
     tensor_order,
@@ -137,9 +138,10 @@ def open_hf(path: str | os.PathLike) -> Model:
     folder = Path(path)
     where = str(folder / "config.json")
     cfg = read_json(folder / "config.json", "config.json")
-    if cfg.get("model_type") != "bitnet":
-        raise UnsupportedConversionError(f"model_type {cfg.get('model_type')!r} is not bitnet "
-                                         "(BitNetForCausalLM)", path=where)
+    try:
+        hf_family(cfg)
+    except UnsupportedConversionError as e:
+        raise UnsupportedConversionError(str(e), path=where) from None
     linear, mode = quant_mode(cfg, where)
     h = hyper_from_config(cfg, where)
     order, extras, omit, torder, types = read_record(cfg, where)
@@ -161,22 +163,25 @@ def _build(folder: Path, cfg: dict[str, Any], h: Hyper, quant: tuple[str, str],
     """Map the checkpoint's tensors to GGUF entries, check them, and wrap them as a Model."""
     where = str(folder)
     linear, mode = quant
-    shapes = h.shapes()
-    weights, scale_names = gguf_names(tensors, h.layers, where)
+    fam = h.family
+    weights, scale_names = gguf_names(tensors, h.layers, where, fam)
     found = {gguf: tensors[name] for gguf, name in weights.items()}
     scales = {gguf: tensors[name] for gguf, name in scale_names.items()}
+    emb, head = found.get("token_embd.weight"), found.get("output.weight")
+    if head is not None and emb is not None and (head.dtype, head.shape) == (
+            emb.dtype, emb.shape) and np.array_equal(head.file.raw(head), emb.file.raw(emb)):
+        head = found.pop("output.weight")  # a saved copy of the tied embedding
+        head = None
+    if head is None and cfg.get("tie_word_embeddings") is not True:
+        raise UnsupportedConversionError("no lm_head.weight, and tie_word_embeddings is not "
+                                         "true: the folder has no LM head", path=where)
+    if head is not None and cfg.get("tie_word_embeddings") is True:
+        raise UnsupportedConversionError("tie_word_embeddings is true but lm_head.weight "
+                                         "differs from embed_tokens", path=where)
+    shapes = h.shapes(untied=head is not None)
     missing = [n for n in shapes if n not in found]
     if missing:
-        raise FormatError(f"missing tensor {hf_module(missing[0])}.weight", path=where)
-    emb = found["token_embd.weight"]
-    head = tensors.get("lm_head.weight")
-    if head is not None and (head.dtype, head.shape) == (emb.dtype, emb.shape) and np.array_equal(
-            head.file.raw(head), emb.file.raw(emb)):
-        head = None  # a saved copy of the tied embedding
-    if head is not None or (tensors.get("lm_head.weight") is None
-                            and cfg.get("tie_word_embeddings") is not True):
-        raise UnsupportedConversionError("the LM head is not tied to embed_tokens, which the "
-                                         "GGUF graph requires", path=where)
+        raise FormatError(f"missing tensor {hf_module(missing[0], fam)}.weight", path=where)
 
     plain: dict[str, tuple[SafeTensor, GGMLType]] = {}
     tern: dict[str, _Projection] = {}
@@ -185,14 +190,15 @@ def _build(folder: Path, cfg: dict[str, Any], h: Hyper, quant: tuple[str, str],
     scale_changes: dict[str, float] = {}
     entries = []
     torder, types = record
-    for gguf in tensor_order(list(found), torder):
+    for gguf in tensor_order(list(found), torder, fam):
         t, want = found[gguf], shapes[gguf]
         where_t = (t.file.path, sanitize(t.name))
         if gguf.split(".")[-2] not in PROJECTIONS:
             if t.dtype not in FLOAT_DTYPES or t.shape != want:
                 raise ShapeError(f"expected a float tensor {list(want)}, found {t.dtype} "
                                  f"{list(t.shape)}", path=where_t[0], tensor=where_t[1])
-            dst = types.get(gguf, t.dtype if gguf == "token_embd.weight" else "F32")
+            dst = types.get(gguf, t.dtype if gguf in ("token_embd.weight", "output.weight")
+                            else "F32")
             plain[gguf] = (t, dst)
             nbytes = int(np.prod(want)) * ST_ITEMSIZE[dst]
             entries.append(TensorEntry(gguf, want, dst, nbytes, False))
@@ -224,7 +230,7 @@ def _build(folder: Path, cfg: dict[str, Any], h: Hyper, quant: tuple[str, str],
         entries.append(TensorEntry(gguf, want, "hf", t.nbytes, True))
     if scales:
         raise FormatError("weight_scale without packed weights", path=where,
-                          tensor=hf_module(next(iter(scales))) + ".weight_scale")
+                          tensor=hf_module(next(iter(scales)), fam) + ".weight_scale")
 
     def load_ternary(name: str) -> TernaryTensor:
         if name not in tern:
@@ -238,6 +244,8 @@ def _build(folder: Path, cfg: dict[str, Any], h: Hyper, quant: tuple[str, str],
             trits = unpack_rows(raw.reshape(p.rows // 4, p.cols), path=p.tensor.file.path,
                                 tensor=sanitize(p.tensor.name))
             s = p.scale
+        if fam.permuted_qk and name.split(".")[-2] in ("attn_q", "attn_k"):
+            trits = trits[qk_rows(p.rows, h.head_dim)]  # llama.cpp's interleaved-RoPE order
         return TernaryTensor(trits, np.float32([s]), 0, name)
 
     def load_plain(name: str) -> tuple[GGMLType, np.ndarray]:
@@ -280,30 +288,39 @@ def _packed_scale(t: SafeTensor | None, linear: str, path: str, tensor: str
     return s, change
 
 
+def qk_rows(rows: int, head_dim: int) -> np.ndarray:
+    """The HF row each GGUF row of a q/k projection of the ``llama`` arch holds: llama.cpp's
+    converter permutes every head for interleaved RoPE (GGUF row 2i + p = HF row p*d/2 + i)."""
+    order = np.arange(head_dim).reshape(2, head_dim // 2).T.reshape(-1)
+    return (np.arange(rows // head_dim)[:, None] * head_dim + order).reshape(-1)
+
+
 # -- writing ----------------------------------------------------------------------------------
 def _check_exportable(model, arch: str) -> Hyper:
-    """Refuse (before writing anything) what a packed BitNetForCausalLM folder cannot hold."""
-    if arch not in HF_ARCHES:
-        raise UnsupportedConversionError(
-            f"architecture {arch!r} is not transformers' BitNet (ReLU^2 FFN, sub-norms); "
-            f"the hf export takes {' or '.join(HF_ARCHES)}", path=model.path)
+    """Refuse (before writing anything) what a packed HF folder of the family cannot hold."""
+    try:
+        fam: Family = family_of({k: v.plain() for k, v in model.metadata.items()
+                                 if not k.startswith("tokenizer.")})
+    except UnsupportedConversionError as e:
+        raise UnsupportedConversionError(f"{e}; the hf export takes every family bitformat "
+                                         "runs", path=model.path) from None
     names = {e.name: e for e in model.entries}
     if "token_embd.weight" not in names:
         raise FormatError("missing tensor token_embd.weight", path=model.path)
     h = hyper_from_metadata(model.metadata, arch, names["token_embd.weight"].shape[0],
-                             model.path)
-    shapes = h.shapes()
+                             model.path, fam)
+    shapes = h.shapes(untied="output.weight" in names)
     for name, e in names.items():
         if name not in shapes:
-            why = ("an untied LM head (output.weight) has no place next to the tied embedding"
-                   if name == "output.weight" else "no BitNetForCausalLM tensor maps to it")
-            raise UnsupportedConversionError(why, path=model.path, tensor=name)
+            raise UnsupportedConversionError(f"no {fam.hf_architecture} tensor maps to it",
+                                             path=model.path, tensor=name)
         if e.shape != shapes[name]:
             raise ShapeError(f"shape {list(e.shape)} does not match the metadata's "
                              f"{list(shapes[name])}", path=model.path, tensor=name)
         if e.ternary != (name.split(".")[-2] in PROJECTIONS):
             raise UnsupportedConversionError("ternary and plain tensors are not where "
-                                             "BitNet has them", path=model.path, tensor=name)
+                                             f"{fam.title} has them", path=model.path,
+                                             tensor=name)
         if e.ternary and e.shape[0] % 4:
             raise ShapeError(f"{e.shape[0]} output rows: the packed form needs a multiple of 4",
                              path=model.path, tensor=name)
@@ -369,11 +386,12 @@ def write_hf(model: Model, out: str | os.PathLike, *, allow_scale_rounding: bool
     report = ConvertReport(model.path, str(out), "hf")
     report.scale_changes.update(model.scale_changes)
     with atomic_dir(out) as tmp:
-        plan = _write_packed(model, tmp / ".packed", fdt, allow_scale_rounding, report,
+        plan = _write_packed(model, h, tmp / ".packed", fdt, allow_scale_rounding, report,
                              progress)
         write_safetensors(tmp / "model.safetensors", plan, model.plain, tmp / ".packed")
         report.bytes_written = sum(p[3] for p in plan)
-        cfg = config_json(model, h, fdt)
+        cfg = config_json(model, h, fdt, untied=any(e.name == "output.weight"
+                                                    for e in model.entries))
         tok = {}
         if "tokenizer.ggml.model" in model.metadata:
             to_hf_files(model.metadata, tmp)
@@ -387,7 +405,7 @@ def write_hf(model: Model, out: str | os.PathLike, *, allow_scale_rounding: bool
     return report
 
 
-def _write_packed(model, packed_path: Path, fdt: str, allow: bool, report, progress
+def _write_packed(model, h: Hyper, packed_path: Path, fdt: str, allow: bool, report, progress
                   ) -> list[tuple[str, str, tuple[int, ...], int, Any]]:
     """Pack every ternary tensor into a side file (one decode each); plan every tensor.
 
@@ -396,18 +414,27 @@ def _write_packed(model, packed_path: Path, fdt: str, allow: bool, report, progr
     """
     plan = []
     with open(packed_path, "wb") as fh:
+        fam = h.family
+        inverse = linear_class(fam) == "bitlinear"
         for e in model.entries:
-            hf = hf_module(e.name)
+            hf = hf_module(e.name, fam)
             if e.ternary:
                 t, loss = model.ternary(e.name).with_tensor_scale(allow)
                 if loss:
                     report.scale_changes[e.name] = loss
-                packed = pack_rows(t.trits)
+                trits = t.trits
+                if fam.permuted_qk and e.name.split(".")[-2] in ("attn_q", "attn_k"):
+                    trits = trits[np.argsort(qk_rows(t.rows, h.head_dim))]  # back to HF order
+                packed = pack_rows(trits)
                 plan.append((f"{hf}.weight", "U8", packed.shape, packed.nbytes,
                              ("packed", fh.tell())))
                 fh.write(memoryview(np.ascontiguousarray(packed)).cast("B"))
                 s = np.float32(t.scales[0])
-                if bf16_exact(s):
+                if inverse:
+                    data, dtype, change = _inverse_scale(s)
+                    if change:
+                        report.scale_changes[e.name] = change
+                elif bf16_exact(s):
                     data, dtype = (s.view(np.uint32) >> 16).astype("<u2").tobytes(), "BF16"
                 else:
                     data, dtype = s.astype("<f4").tobytes(), "F32"
@@ -422,3 +449,22 @@ def _write_packed(model, packed_path: Path, fdt: str, allow: bool, report, progr
                 progress(e)
     return plan
 
+
+
+def _inverse_scale(s: np.float32) -> tuple[bytes, str, float]:
+    """The ``bitlinear`` weight_scale (1/s) whose reading (:func:`_packed_scale`: the float32
+    nearest 1/stored) gives back ``s``: BF16 where one does (the form such checkpoints ship),
+    else F32; the relative change where none does."""
+    with np.errstate(divide="ignore", over="ignore"):
+        y = np.float32(1.0) / s
+    b = np.float32((np.uint32(y.view(np.uint32) + 0x7FFF + ((y.view(np.uint32) >> 16) & 1))
+                    & np.uint32(0xFFFF0000)).view(np.float32))  # bf16, round to nearest even
+    for cand, dtype in ((b, "BF16"), (y, "F32"), (np.nextafter(y, np.float32(0)), "F32"),
+                        (np.nextafter(y, np.float32(np.inf)), "F32")):
+        with np.errstate(divide="ignore", over="ignore"):
+            back = np.float32(1.0) / cand
+        if back == s:
+            data = ((cand.view(np.uint32) >> 16).astype("<u2").tobytes() if dtype == "BF16"
+                    else cand.astype("<f4").tobytes())
+            return data, dtype, 0.0
+    return y.astype("<f4").tobytes(), "F32", abs(1.0 - float(np.float32(1.0) / y) / float(s))

@@ -54,8 +54,10 @@ HEADER_WORDS = 12
 MAX_TABLES = 16
 MAX_DIM = (1 << 31) - 1  # rows and cols are u32 fields; kept below 2^31 for int32 indexing
 # A flagged-dead matrix costs (rows + cols) bits, so the data cannot bound the matrix it
-# claims: the trit count is capped like the codecs' (13x the largest 2B-4T tensor).
-MAX_TRITS = 1 << 32
+# claims: the trit count is capped (1 GiB of decoded trits; 60x the largest 2B-4T tensor,
+# above the largest projection of any released model), and a model opened to run or convert
+# has every shape checked against its config first (bitformat/validate.py).
+MAX_TRITS = 1 << 30
 GROUPS = {5: "group5", 1: "trit"}
 MIN_STREAM = 4096
 

@@ -21,7 +21,7 @@ from ..modelfile import Model
 from ..ternary import TernaryTensor
 
 #: Ternary encodings whose bytes a backend can read row by row.
-ROW_FORMATS = ("i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32")
+ROW_FORMATS = ("i2_s", "tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "stfma", "colpack_u32")
 
 
 @dataclass
@@ -87,6 +87,12 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.nda
     p /= p.sum(axis=-1, keepdims=True)
     out = p @ v.transpose(1, 0, 2)[:, None]  # [KV, G, T, d]
     return out.transpose(2, 0, 1, 3).reshape(T, H * d)
+
+
+def head_tensor(model: Model) -> str:
+    """The tensor the LM head reads: ``output.weight`` (untied) if present, else the embedding."""
+    return "output.weight" if any(e.name == "output.weight" for e in model.entries) \
+        else "token_embd.weight"
 
 
 @dataclass
@@ -188,6 +194,18 @@ class Backend:
         self.embed_type, raw = model.plain("token_embd.weight")
         self.vocab, self.dim = model.entry("token_embd.weight").shape
         self._embed_raw = raw.reshape(self.vocab, -1)  # one row of bytes per token
+        #: the LM head: an untied ``output.weight`` where the file has one, else the embedding
+        self.head_name = head_tensor(model)
+        if self.head_name == "token_embd.weight":
+            self.head_type, self._head_raw = self.embed_type, self._embed_raw
+        else:
+            e = model.entry(self.head_name)
+            if e.ternary or e.shape != (self.vocab, self.dim):
+                raise UnsupportedConversionError(
+                    f"an untied LM head must be a plain [{self.vocab}, {self.dim}] tensor, "
+                    f"found {e.encoding} {list(e.shape)}", tensor=self.head_name)
+            self.head_type, hraw = model.plain(self.head_name)
+            self._head_raw = hraw.reshape(self.vocab, -1)
 
     def vector(self, name: str) -> np.ndarray:
         """A norm gain or other small plain tensor, in the model dtype."""
@@ -198,6 +216,11 @@ class Backend:
         rows = self._embed_raw[tokens]
         return rows_as_float(self.embed_type, rows.reshape(-1), (len(tokens), self.dim),
                              self.dtype)
+
+    def head_weights(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` of the LM head as ``[len(ids), dim]`` floats."""
+        rows = self._head_raw[ids]
+        return rows_as_float(self.head_type, rows.reshape(-1), (len(ids), self.dim), self.dtype)
 
     def weight(self, name: str) -> Any:  # pragma: no cover - interface
         raise NotImplementedError

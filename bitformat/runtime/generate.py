@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import RequestError
-from .models import BitNet, Segment
+from .models import BitNet, KVCache, Segment
 from .sampling import Sampler, SamplingParams, make_sampler
 from .textstream import TextStream
 
@@ -39,7 +39,8 @@ def prompt_chunks(n: int) -> list[tuple[int, int]]:
 
 @dataclass
 class GenerationStats:
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # run in the prefill (a chat's cached earlier turns not counted)
+    cached_tokens: int = 0  # prompt tokens whose keys and values the KV cache already held
     prompt_seconds: float = 0.0
     generated_tokens: int = 0
     generation_seconds: float = 0.0  # from the first sampled token to the last
@@ -58,15 +59,21 @@ class GenerationStats:
 
 def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int = 256,
                   sampling: SamplingParams | None = None, context: int | None = None,
-                  stats: GenerationStats | None = None) -> Iterator[int]:
+                  stats: GenerationStats | None = None, cache: KVCache | None = None
+                  ) -> Iterator[int]:
     """Yield up to ``max_new_tokens`` sampled token ids after ``prompt``.
 
     The prompt runs in chunks of ``PREFILL_CHUNK`` tokens; each next token is one decode step
     on the KV cache, done only when the consumer asks for it. ``context`` caps prompt +
     generated tokens (default: the model's context length). Tokens are chosen as
     :mod:`.sampling` defines.
+
+    ``cache``: a KV cache that already holds the keys and values of the first
+    ``cache.length`` prompt tokens (a conversation's earlier turns); only the rest of the
+    prompt runs, and the cache's size is the context. Afterwards it holds the prompt and
+    every yielded token but the last (which was sampled, not run).
     """
-    limit = context or model.args.context_length
+    limit = cache.max_len if cache is not None else context or model.args.context_length
     if len(prompt) == 0:
         raise RequestError("the prompt is empty")
     if len(prompt) > limit:
@@ -77,12 +84,16 @@ def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int =
     max_new_tokens = min(max_new_tokens, limit - len(prompt))
     stats = stats if stats is not None else GenerationStats()
     sampler = Sampler(sampling or SamplingParams(), history=list(prompt))
-    cache = model.new_cache(len(prompt) + max_new_tokens)
+    start = 0 if cache is None else cache.length
+    if start >= len(prompt):
+        raise RequestError(f"the KV cache holds {start} positions: at least one of the "
+                           f"prompt's {len(prompt)} tokens must run")
+    cache = cache if cache is not None else model.new_cache(len(prompt) + max_new_tokens)
     t0 = time.perf_counter()
-    stats.prompt_tokens = len(prompt)
+    stats.prompt_tokens, stats.cached_tokens = len(prompt) - start, start
     if max_new_tokens == 0:
         return
-    *head, (a, b) = prompt_chunks(len(prompt))
+    *head, (a, b) = [(start + a0, start + b0) for a0, b0 in prompt_chunks(len(prompt) - start)]
     run_only = getattr(model, "forward_hidden", None)  # the chunks before the last need no head
     for a0, b0 in head:
         if run_only is not None:
@@ -127,8 +138,8 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
                     top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                     seed: int | None = None, stop_ids: Sequence[int] | None = None,
                     stop: Sequence[str] = (), context: int | None = None,
-                    weight_bytes: int = 0, skip_special: bool = True
-                    ) -> Iterator[GenerationResponse]:
+                    weight_bytes: int = 0, skip_special: bool = True,
+                    cache: KVCache | None = None) -> Iterator[GenerationResponse]:
     """Generate from text (needs ``tokenizer``) or token ids, yielding text as it forms.
 
     Stops at a stop token (default: the tokenizer's eos and eot ids; the stop token itself is
@@ -136,6 +147,7 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
     ``max_new_tokens``; the last response carries ``finish_reason``. Text is held back as
     :class:`.textstream.TextStream` says. Sampling options are :class:`.sampling.SamplingParams`'.
     Special (control) tokens add no text unless ``skip_special`` is False, as in llama.cpp.
+    ``cache``: a KV cache holding the prompt's first tokens already (:func:`generate_step`).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repetition_penalty=repetition_penalty, seed=seed)
@@ -150,7 +162,7 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
                       (tokenizer.eos_ids if tokenizer else ()))
     stats = GenerationStats(weight_bytes_per_token=weight_bytes)
     for token in generate_step(model, ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                               context=context, stats=stats):
+                               context=context, stats=stats, cache=cache):
         piece, reason = text.add(token)
         if reason and token in text.stop_ids:  # a stop token is not part of the answer
             if piece:

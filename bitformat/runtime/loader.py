@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..container import open_model
-from ..errors import MetadataError, RequestError
+from ..errors import BitformatError, MetadataError, RequestError
 from ..modelfile import Model
+from ..validate import model_args, validate_model
 from .backend import Backend
 from .exact_head import HEAD_MODES, Head
 from .generate import (
@@ -27,7 +28,7 @@ from .generate import (
     collect,
     stream_generate,
 )
-from .models import BitNet, ModelArgs, Segment
+from .models import ModelArgs, Segment, model_class
 from .sampling import Sampler
 
 BACKENDS = ("numpy", "cpu", "wgpu")
@@ -36,7 +37,8 @@ BACKENDS = ("numpy", "cpu", "wgpu")
 class LoadedModel:
     """A model on a backend, with its tokenizer (None if the file has none).
 
-    Attributes: ``args`` (:class:`ModelArgs`), ``net`` (:class:`BitNet`), ``backend``,
+    Attributes: ``args`` (:class:`ModelArgs`), ``net`` (a :class:`~.models.Transformer`),
+    ``backend``,
     ``tokenizer``, ``container`` (the format id of its ternary tensors),
     ``weight_bytes_per_token`` and ``last_stats`` (the last generation's timings).
     """
@@ -46,14 +48,16 @@ class LoadedModel:
         self.container_model = container
         self.backend = backend
         self.args = args
-        if backend.name == "wgpu":  # the whole model on the device, one command buffer a token
+        if backend.name == "wgpu" and args.family.id == "bitnet-2b4t" \
+                and backend.head_name == "token_embd.weight":
+            # the whole model on the device, one command buffer a token
             from .wgpu.network import WgpuBitNet
 
             self.net = WgpuBitNet(args, backend, progress=progress)
             # the device runs the full head (a screened one is not built for wgpu yet)
             self._head = Head(backend, head)
         else:
-            self.net = BitNet(args, backend, progress=progress, head=head)
+            self.net = model_class(args)(args, backend, progress=progress, head=head)
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once: in
@@ -63,22 +67,33 @@ class LoadedModel:
         self.load_seconds = 0.0
         self.last_stats = GenerationStats(weight_bytes_per_token=self.weight_bytes_per_token)
 
-    def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:
-        """Token ids of a prompt (``chat``: as one user turn of the chat template)."""
+    def encode(self, prompt: str | Sequence[int], *, chat: bool = False,
+               system: str | None = None) -> list[int]:
+        """Token ids of a prompt (``chat``: as one user turn of the chat template, after the
+        ``system`` prompt if given)."""
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer: pass token ids")
-        if chat:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            return self.tokenizer.encode(text, add_bos=False)
-        return self.tokenizer.encode(prompt)
+        try:
+            if chat:
+                head = [{"role": "system", "content": system}] if system else []
+                text = self.tokenizer.apply_chat_template(
+                    head + [{"role": "user", "content": prompt}])
+                return self.tokenizer.encode(text, add_bos=False)
+            return self.tokenizer.encode(prompt)
+        except MetadataError as exc:  # the file's chat template fails: name the file
+            if exc.path is not None:
+                raise
+            raise MetadataError(exc.problem, path=self.container_model.path) from None
 
     def stream_generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
-                        chat: bool = False, **sampling) -> Iterator[GenerationResponse]:
+                        chat: bool = False, system: str | None = None, **sampling
+                        ) -> Iterator[GenerationResponse]:
         """Yield :class:`GenerationResponse` pieces; see :func:`.generate.stream_generate`.
+        ``chat``/``system``: wrap the prompt in the chat template (:meth:`encode`).
         ``head_stats()`` then describes what the head read over this generation."""
-        ids = self.encode(prompt, chat=chat)
+        ids = self.encode(prompt, chat=chat, system=system)
         self.head.reset_stats()
         for r in stream_generate(self.net, self.tokenizer, ids, max_new_tokens=max_new_tokens,
                                  weight_bytes=self.weight_bytes_per_token, **sampling):
@@ -154,7 +169,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
          decode: str = "load", progress: Callable[[int, int], None] | None = None,
          head: str = "screened") -> LoadedModel:
-    """Open a BitNet container (any format, or an HF folder) on ``backend``.
+    """Open a ternary model (any container, or an HF folder) of any family on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
     "float32" or "float64"). ``threads`` fixes the cpu backend's thread count; by default it
@@ -182,12 +197,10 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         raise RequestError(f"the {backend} backend does not run in {dtype}")
     container = open_model(path, i2s_variant=i2s_variant)
     try:
-        meta = {k: v.plain() for k, v in container.metadata.items()}
-        vocab = container.entry("token_embd.weight").shape[0]
-        args = ModelArgs.from_metadata(meta, vocab_size=vocab)
-        if args.vocab_size != vocab:
-            raise MetadataError(f"vocab_size {args.vocab_size} but token_embd has {vocab} rows",
-                                path=str(path))
+        args: ModelArgs = model_args(container)
+        # every tensor the architecture needs, with the shape its config implies, and config
+        # values in range: the kernels below only ever see validated shapes
+        validate_model(container, args, values="error")
         if backend == "cpu":
             from .cpu.backend import CpuBackend
 
@@ -206,7 +219,12 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         if "tokenizer.ggml.tokens" in container.metadata:
             from ..tokenizer import Tokenizer
 
-            tokenizer = Tokenizer(container.metadata)
+            try:
+                tokenizer = Tokenizer(container.metadata)
+            except BitformatError as exc:
+                if exc.path is not None:
+                    raise
+                raise type(exc)(exc.problem, path=str(path), tensor=exc.tensor) from None
         loaded = LoadedModel(container, be, args, tokenizer, progress=progress, head=head)
         loaded.load_seconds = time.perf_counter() - t0
         return loaded

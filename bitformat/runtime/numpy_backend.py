@@ -74,21 +74,22 @@ class NumpyBackend(Backend):
         return out
 
     def lm_head(self, h: np.ndarray) -> np.ndarray:
-        """``[T, dim] -> [T, vocab]`` against ``token_embd``, converted 4096 rows at a time."""
+        """``[T, dim] -> [T, vocab]`` against the head (``output.weight`` or the tied
+        ``token_embd``), converted 4096 rows at a time."""
         out = np.empty((h.shape[0], self.vocab), dtype=self.dtype)
         for v0 in range(0, self.vocab, HEAD_BLOCK):
             out[:, v0: v0 + HEAD_BLOCK] = self._head_block(h, v0)
         return out
 
     def _head_block(self, h: np.ndarray, v0: int) -> np.ndarray:
-        return h @ self.embed(np.arange(v0, min(self.vocab, v0 + HEAD_BLOCK))).T
+        return h @ self.head_weights(np.arange(v0, min(self.vocab, v0 + HEAD_BLOCK))).T
 
     # -- the screened head's reference (exact_head.py) -------------------------------------------
     head_itemsize = 2  # what the bytes count: an f16 head
 
     def screen_tables(self) -> EH.ScreenTables:
         if self._screen is None:
-            E = self.embed(np.arange(self.vocab)).astype(np.float64)
+            E = self.head_weights(np.arange(self.vocab)).astype(np.float64)
             unit = 2.0 ** -24 if self.dtype == np.float32 else 2.0 ** -53
             # BLAS sums in an order of its own: any tree of dim products
             self._screen = EH.ScreenTables.build(*EH.quantize_head(E), self.dim, self.dim + 2,

@@ -30,6 +30,7 @@ from ...mapping import file_mapping
 from ...modelfile import Model
 from .. import exact_head as EH
 from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
+from . import amx as A
 from . import batch as B
 from . import head as H
 from . import kernels as K
@@ -51,9 +52,19 @@ SERIAL_BYTES = 512 << 10
 #: step); longer prompts run :func:`.kernels.mm2_vnni_prompt`.
 BATCH_TOKENS = 16
 
+#: ik_llama.cpp's BitNet types: one scale at the start of every row (formats/iq2_bn.py).
+ROW_SCALED = ("iq2_bn", "iq1_bn")
+
+#: Rows from which RMSNorm + quantization of a batched step run on all threads.
+PAR_ROWS = 4
+
 #: encoding -> (slot layout of the activations, kernel kind); i2_s's layout is its variant.
 TWO_BIT = {"i2_s": (None, K.KIND_I2S), "stfma": ("plain", K.KIND_LOW),
            "colpack_u32": ("plain", K.KIND_COLPACK)}
+
+
+#: Encodings whose matrices run stacked (q, k, v; gate, up) as one kernel call.
+STACKABLE = (*TWO_BIT, *ROW_SCALED, "tq2_0", "tq1_0", "q2_0")
 
 
 @dataclass
@@ -133,21 +144,26 @@ class CpuBackend(Backend):
         # a batched decode step (2..BATCH_TOKENS rows) and the LM head of any rows: batch.py
         self._mm2_tokens = B.mm2_vnni_tokens if vnni else None
         self._head_tokens = B.lm_head_tokens if vnni else None
+        # 2..16 rows of i2_s / stfma on AMX tiles where the CPU and the OS allow it: amx.py
+        self.amx = vnni and A.available()
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         self._blas = ThreadpoolController()
         self._arena = WeightArena(sum(-(-n // WeightArena.ALIGN) * WeightArena.ALIGN
                                       for n in self._arena_bytes()))
-        et = self.embed_type
+        et = self.head_type
+        tied = self.head_name == "token_embd.weight"
         if et in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) and file_mapping(
-                self._embed_raw) is not None:  # (a coded head was decoded into memory already)
-            self._embed_raw = resident_copy(self._embed_raw)  # also what embed() reads
+                self._head_raw) is not None:  # (a coded head was decoded into memory already)
+            self._head_raw = resident_copy(self._head_raw)
+            if tied:
+                self._embed_raw = self._head_raw  # also what embed() reads
         self._lut = None
         self._screen: EH.ScreenTables | None = None
         if et == GGMLType.F32:
-            self._E = self._embed_raw.view("<f4")
+            self._E = self._head_raw.view("<f4")
         elif et in (GGMLType.F16, GGMLType.BF16):
-            self._E = self._embed_raw.view("<u2")
+            self._E = self._head_raw.view("<u2")
             self._lut = None if vnni else H.lut16(et.name)
         else:
             self._E = None  # plain_array raises a clear error in lm_head
@@ -193,6 +209,9 @@ class CpuBackend(Backend):
             return CpuWeight(src.encoding, src.rows, src.cols, data,
                              np.full(src.rows, src.scale, np.float32), layout or self.i2s_variant,
                              kind)
+        if src.encoding in ROW_SCALED:  # the rows' own scales, for the kernel's epilogue
+            return CpuWeight(src.encoding, src.rows, src.cols, data,
+                             src.fmt.row_scales(data))
         return CpuWeight(src.encoding, src.rows, src.cols, data, np.float32(0))
 
     def _rans_weight(self, name: str) -> KR.RansWeight:
@@ -239,7 +258,7 @@ class CpuBackend(Backend):
         (the model asks for q, k, v and gate, up in turn) as one weight over all their rows;
         per-tensor scales become per-row scales. None for anything else (rans, repacked)."""
         first = weights[0]
-        if not all(isinstance(w, CpuWeight) and w.encoding in (*TWO_BIT, "tq2_0", "tq1_0")
+        if not all(isinstance(w, CpuWeight) and w.encoding in STACKABLE
                    and (w.encoding, w.cols, w.layout, w.kind, w.data.shape[1])
                    == (first.encoding, first.cols, first.layout, first.kind,
                        first.data.shape[1]) for w in weights):
@@ -254,8 +273,8 @@ class CpuBackend(Backend):
         rows = sum(w.rows for w in weights)
         data = buf[start: start + rows * first.data.shape[1]].reshape(rows, -1)
         data.setflags(write=False)  # as every weight: one compiled specialisation of a kernel
-        scale = (np.concatenate([w.scale for w in weights]) if first.encoding in TWO_BIT
-                 else first.scale)
+        scale = (np.concatenate([w.scale for w in weights])
+                 if first.encoding in (*TWO_BIT, *ROW_SCALED) else first.scale)
         return CpuWeight(first.encoding, rows, first.cols, data, scale, first.layout,
                          first.kind)
 
@@ -263,13 +282,19 @@ class CpuBackend(Backend):
     def norm_quant(self, x: np.ndarray, gain: np.ndarray, eps: float) -> QuantizedActivations:
         x = np.ascontiguousarray(x, dtype=np.float32)
         q, s = np.empty(x.shape, np.int8), np.empty(x.shape[0], np.float32)
-        ops.norm_quant(x, gain, eps, q, s)
+        if PAR_ROWS <= x.shape[0] <= BATCH_TOKENS:
+            self._call(ops.norm_quant_rows, SERIAL_BYTES, x, gain, eps, q, s)
+        else:
+            ops.norm_quant(x, gain, eps, q, s)
         return QuantizedActivations(q, s)
 
     def glu_norm_quant(self, gate: np.ndarray, up: np.ndarray, gain: np.ndarray,
                        eps: float) -> QuantizedActivations:
         q, s = np.empty(gate.shape, np.int8), np.empty(gate.shape[0], np.float32)
-        ops.glu_norm_quant(gate, up, gain, eps, q, s)
+        if PAR_ROWS <= gate.shape[0] <= BATCH_TOKENS:
+            self._call(ops.glu_norm_quant_rows, SERIAL_BYTES, gate, up, gain, eps, q, s)
+        else:
+            ops.glu_norm_quant(gate, up, gain, eps, q, s)
         return QuantizedActivations(q, s)
 
     def attend(self, q, k, v, kc, vc, start, cos, sin):
@@ -328,7 +353,7 @@ class CpuBackend(Backend):
             if key == "sum":
                 qa.cache[full] = qa.q.sum(axis=1, dtype=np.int32)
             elif key == "blocks":
-                qa.cache[full] = K.block_sums(qa.q)
+                qa.cache[full] = K.block_sums(qa.q, width or 256)
             elif key == "s":
                 qa.cache[full] = qa.s.astype(np.float32)
             else:
@@ -345,6 +370,10 @@ class CpuBackend(Backend):
             xg = self._derived(qa, w.layout, w.data.shape[1] * 4)
             corr = (np.zeros(len(s), np.int32) if w.kind == K.KIND_COLPACK
                     else self._derived(qa, "sum"))
+            if (self.amx and len(s) > 1 and w.kind != K.KIND_COLPACK
+                    and w.data.shape[1] % 64 == 0):
+                self._amx(qa, w, xg, corr, s, out)
+                return out
             kernel = (self._mm2 if len(s) == 1 else self._mm2_tokens
                       if self._mm2_tokens and len(s) <= BATCH_TOKENS and w.kind != K.KIND_COLPACK
                       else self._mm2_prompt)
@@ -355,9 +384,35 @@ class CpuBackend(Backend):
         elif enc == "tq1_0":
             self._call(self._tq1, w.data.nbytes, w.data, qa.q, self._derived(qa, "blocks"), s,
                        out)
+        elif enc == "q2_0":
+            xg = self._derived(qa, "plain", w.cols)
+            self._call(K.q2_portable, w.data.nbytes, w.data, xg, self._derived(qa, "blocks", 64),
+                       s, out)
+        elif enc == "iq2_bn":
+            xg = self._derived(qa, "arm64", w.cols)
+            self._call(K.iq2bn_portable, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,
+                       w.scale, out)
+        elif enc == "iq1_bn":
+            self._call(K.iq1bn_portable, w.data.nbytes, w.data, qa.q, self._derived(qa, "sum"),
+                       s, w.scale, out)
         else:
             self._call(K.mm_trits, w.data.nbytes, w.data, w.scale, qa.q, s, out)
         return out
+
+    def _amx(self, qa: QuantizedActivations, w: CpuWeight, xg: np.ndarray, corr: np.ndarray,
+             s: np.ndarray, out: np.ndarray) -> None:
+        """:func:`.amx.mm2_amx_tokens` on the rows of ``qa`` in slices of up to 16."""
+        T = len(s)
+        for t0 in range(0, T, A.MAX_TOKENS):
+            t1 = min(T, t0 + A.MAX_TOKENS)
+            key = f"amx:{w.layout}:{w.kind}:{xg.shape[2]}:{t0}"
+            if key not in qa.cache:
+                qa.cache[key] = A.tile_activations(xg[t0:t1], w.kind)
+            part = out if (t0, t1) == (0, T) else np.empty((t1 - t0, w.rows), np.float32)
+            self._call(A.mm2_amx_tokens, w.data.nbytes, w.data, xg[t0:t1], qa.cache[key],
+                       A.tile_config(t1 - t0), corr[t0:t1], s[t0:t1], w.scale, w.kind, part)
+            if part is not out:
+                out[t0:t1] = part
 
     def _rans(self, qa: QuantizedActivations, w: KR.RansWeight, s: np.ndarray) -> np.ndarray:
         out = np.zeros((qa.q.shape[0], w.rows), dtype=np.float32)  # dead rows stay 0
@@ -390,7 +445,7 @@ class CpuBackend(Backend):
     # -- LM head ----------------------------------------------------------------------------------
     def lm_head(self, h: np.ndarray) -> np.ndarray:
         if self._E is None:
-            return h @ self.vector("token_embd.weight").T
+            return h @ self.vector(self.head_name).T
         x = np.ascontiguousarray(h, dtype=np.float32)
         out = np.empty((x.shape[0], self.vocab), dtype=np.float32)
         self._head_into(self._E, x, out, self._E.nbytes)
@@ -399,13 +454,13 @@ class CpuBackend(Backend):
     def _head_into(self, E: np.ndarray, x: np.ndarray, out: np.ndarray, nbytes: int) -> None:
         """``out = x @ E.T`` by the head kernel of this model and build: every row's sum in the
         kernel's own order, whichever rows ``E`` holds (the screened head's rescoring)."""
-        if self.embed_type == GGMLType.F32:
+        if self.head_type == GGMLType.F32:
             self._call(H.lm_head_f32, nbytes, E, x, out)
         elif self._head_tokens is not None:  # f16, bf16: the same sums for 1 row or many
-            self._call(self._head_tokens, nbytes, E, x, self.embed_type == GGMLType.BF16, out)
+            self._call(self._head_tokens, nbytes, E, x, self.head_type == GGMLType.BF16, out)
         elif self._lut is not None:
             self._call(H.lm_head_lut, nbytes, E, self._lut, x, out)
-        elif self.embed_type == GGMLType.F16:
+        elif self.head_type == GGMLType.F16:
             self._call(H.lm_head_f16, nbytes, E, x, out)
         else:
             self._call(H.lm_head_bf16, nbytes, E, x, out)
@@ -421,7 +476,7 @@ class CpuBackend(Backend):
         tree, then the dim % 16 tail; the others are reassociated by LLVM (fastmath), so any
         tree of dim products: at most dim + 1."""
         h = self.dim
-        if self._head_tokens is not None and self.embed_type != GGMLType.F32:
+        if self._head_tokens is not None and self.head_type != GGMLType.F32:
             return h // 16 + 4 + 2 * (h % 16)
         return h + 2
 
@@ -436,7 +491,7 @@ class CpuBackend(Backend):
             scale, dn, qn, en = (np.empty(V) for _ in range(4))
             bad = np.empty(V, np.uint8)
             if E.dtype == np.uint16:
-                lut = self._lut if self._lut is not None else H.lut16(self.embed_type.name)
+                lut = self._lut if self._lut is not None else H.lut16(self.head_type.name)
                 S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad)
             else:
                 S.quantize_f32(E, codes, scale, dn, qn, en, bad)

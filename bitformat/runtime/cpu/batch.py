@@ -280,3 +280,4 @@ def lm_head_tokens(E, X, bf16, out):
                 for k in range(tail, h):
                     acc += (_bf16_bits(E[v, k]) if bf16 else _f16_bits(E[v, k])) * X[t, k]
                 out[t, v] = acc
+

@@ -15,8 +15,11 @@ vpdpbusd per slot and 64 bytes) over contiguous bytes::
     tq2_0         element (m // 32) * 128 + 32 g + m % 32  (qs bytes)       2g
     stfma         element 4 m + g                                           2g
     colpack_u32   element 4 m + g  (code 0: 0, 1: +1, 2: -1)                2g
+    q2_0          element 4 m + g  (per 64-value block, after its f16 d)    2g
+    iq2_bn        element (m // 16) * 64 + 16 g + m % 16  (after the row's  2g
+                  f32 scale; the i2_s arm64 slot order)
 
-tq1_0 (base 3) is decoded where it is used: digit k of byte b is 0, 1 or 2 as
+tq1_0 and iq1_bn (base 3) are decoded where they are used: digit k of byte b is 0, 1 or 2 as
 ``b * 3**k mod 256`` (uint8 lanes) passes 85 and 170, and each digit of a byte group meets a
 contiguous run of activations (table in :func:`_vnni_tq1_row`).
 
@@ -572,6 +575,69 @@ def tq1_vnni(W, Q, bsum, s, out):
         wr = W[r]
         for t in range(out.shape[0]):
             out[t, r] = _vnni_tq1_row(wr, Q, t * cols, bsum, t * nb, nb) / s[t]
+
+
+# -- q2_0: 18-byte blocks of 64 values, f16 d then qs[16] (element 4m + g at bits 2g) ------------
+@njit(parallel=True, cache=True)
+def q2_portable(W, XG, bsum, s, out):
+    """out[t, r] = sum_b d_b * float32(dot_b - bsum[t, b]) / s[t]; ``XG`` in the "plain"
+    layout, ``bsum`` the activation sums over 64-value blocks."""
+    for r in prange(W.shape[0]):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            acc = np.float32(0.0)
+            for b in range(bsum.shape[1]):
+                d = _dot2_portable(wr, b * 18 + 2, XG[t], b * 16, 16, KIND_LOW)
+                acc += _f16(wr[b * 18], wr[b * 18 + 1]) * np.float32(d - bsum[t, b])
+            out[t, r] = acc / s[t]
+
+
+# -- iq2_bn: a row is its f32 scale, then 16-byte blocks (element 16g + m at bits 2g of byte m) ---
+@njit(parallel=True, cache=True)
+def iq2bn_portable(W, XG, corr, s, ws, out):
+    """out[t, r] = float32(dot - corr[t]) / s[t] * ws[r]; ``XG`` in the "arm64" layout (the
+    same slot order), ``ws`` the rows' scales (read from their first 4 bytes at load)."""
+    rows, bpr = W.shape
+    for r in prange(rows):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            d = _dot2_portable(wr, 4, XG[t], 0, bpr - 4, KIND_LOW)
+            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+
+
+# -- iq1_bn: a row is its f16 scale, then 13-byte blocks: ql[12] (5 digits), extra (4) ----------
+_IQ1_MULT = np.array([81, 27, 9, 3, 1], dtype=np.uint8)  # digit j of a byte: times 3^(4-j)
+
+
+@njit(inline="always")
+def _digit(b, mult):
+    """Base-3 digit of a ggml-scaled byte: 0, 1 or 2 as ``b * mult mod 256`` passes 85, 170."""
+    q = np.uint8(b * mult)
+    return np.int32(q > 85) + np.int32(q > 170)
+
+
+@njit(parallel=True, cache=True)
+def iq1bn_portable(W, Q, corr, s, ws, out):
+    """Like :func:`iq2bn_portable` with ``Q`` in element order: element 16i + 5k + j of a block
+    is digit j of ql[3i + k], element 16i + 15 digit i of extra."""
+    rows, bpr = W.shape
+    nb = (bpr - 2) // 13
+    for r in prange(rows):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            qt = Q[t]
+            acc = np.int32(0)
+            for b in range(nb):
+                o, x0 = 2 + b * 13, b * 64
+                for i in range(4):
+                    for k in range(3):
+                        byte = wr[o + 3 * i + k]
+                        e = x0 + 16 * i + 5 * k
+                        for j in range(5):
+                            acc = np.int32(acc + _digit(byte, _IQ1_MULT[j]) * np.int32(qt[e + j]))
+                    acc = np.int32(acc + _digit(wr[o + 12], _IQ1_MULT[i])
+                                   * np.int32(qt[x0 + 16 * i + 15]))
+            out[t, r] = np.float32(acc - corr[t]) / s[t] * ws[r]
 
 
 # -- any shape: int8 trits decoded at load (fallback for layouts without a kernel) ------------

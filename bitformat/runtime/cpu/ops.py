@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 
 @njit(cache=True)
@@ -61,6 +61,28 @@ def glu_norm_quant(gate, up, gain, eps, q, s):
     g = np.empty(gate.shape[1], np.float32)
     y = np.empty(gate.shape[1], np.float32)
     for t in range(gate.shape[0]):
+        for j in range(g.shape[0]):
+            a = max(gate[t, j], np.float32(0.0))
+            g[j] = a * a * up[t, j]
+        _norm_row(g, gain, np.float32(eps), y)
+        s[t] = _quantize_row(y, q, t)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def norm_quant_rows(x, gain, eps, q, s):
+    """:func:`norm_quant` with the rows split among threads (a batched step: same bits)."""
+    for t in prange(x.shape[0]):
+        y = np.empty(x.shape[1], np.float32)
+        _norm_row(x[t], gain, np.float32(eps), y)
+        s[t] = _quantize_row(y, q, t)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def glu_norm_quant_rows(gate, up, gain, eps, q, s):
+    """:func:`glu_norm_quant` with the rows split among threads (same bits)."""
+    for t in prange(gate.shape[0]):
+        g = np.empty(gate.shape[1], np.float32)
+        y = np.empty(gate.shape[1], np.float32)
         for j in range(g.shape[0]):
             a = max(gate[t, j], np.float32(0.0))
             g[j] = a * a * up[t, j]

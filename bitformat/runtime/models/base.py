@@ -1,5 +1,7 @@
-"""What every model family shares: its sizes (:class:`ModelArgs`), the KV cache, and the
-activation hook tests use to record and inject the int8 activations of any family."""
+"""What every model family shares: its sizes (:class:`ModelArgs`), the KV cache, the
+activation hook tests use to record and inject the int8 activations of any family, and the
+decoder itself (:class:`Transformer`), which each family's module configures
+(:mod:`bitformat.families` says how they differ)."""
 
 from __future__ import annotations
 
@@ -10,16 +12,16 @@ from typing import Any
 import numpy as np
 
 from ...errors import MetadataError, RequestError, UnsupportedConversionError
-from ..backend import Backend, QuantizedActivations
+from ...families import ARCHITECTURES, BITNET_2B4T, Family, family_of, hf_family
+from ..backend import Backend, QuantizedActivations, quantize_activations, relu2_glu, rms_norm
+from ..exact_head import Head
 
 #: When set, every activation quantization of every model goes through it, in numpy:
-#: ``activation_hook(x) -> QuantizedActivations`` with ``x`` the RMSNorm output [T, n], four
-#: calls per layer in order (attention input, attention sub-norm, FFN input, FFN sub-norm).
+#: ``activation_hook(x) -> QuantizedActivations`` with ``x`` what is quantized [T, n] (the
+#: RMSNorm output; the plain input of o_proj / down_proj in families without sub-norms), four
+#: calls per layer in order (attention input, o_proj input, FFN input, down_proj input).
 #: The backends' fused steps are bypassed. Tests use it to record and inject activations.
 activation_hook: Callable[[np.ndarray], QuantizedActivations] | None = None
-
-#: GGUF architectures with this graph (bitnet.cpp's two names and upstream llama.cpp's).
-ARCHITECTURES = ("bitnet-b1.58", "bitnet-25", "bitnet")
 
 
 @dataclass(frozen=True)
@@ -34,45 +36,61 @@ class ModelArgs:
     rope_theta: float = 500000.0
     context_length: int = 4096
     arch: str = "bitnet-b1.58"
+    family: Family = BITNET_2B4T
+    key_length: int = 0  # head size where it is not dim / n_heads (Qwen3)
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.key_length or self.dim // self.n_heads
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], vocab_size: int | None = None) -> ModelArgs:
         """From GGUF metadata (plain values): ``<arch>.embedding_length`` and friends."""
         arch = meta.get("general.architecture")
         if arch not in ARCHITECTURES:
-            raise UnsupportedConversionError(f"architecture {arch!r} is not BitNet b1.58 "
-                                             f"(expected one of {', '.join(ARCHITECTURES)})")
+            raise UnsupportedConversionError(f"architecture {arch!r} is not a ternary family "
+                                             f"bitformat runs (expected one of "
+                                             f"{', '.join(ARCHITECTURES)})")
+        family = family_of(meta)
 
-        def need(key: str, default: Any = None) -> Any:
+        def need(key: str, default: Any = None, kind: type = int) -> Any:
             v = meta.get(f"{arch}.{key}", default)
             if v is None:
                 raise MetadataError(f"missing metadata {arch}.{key}")
-            return v
+            # a GGUF integer or float of any width; a string, array or bool is a wrong type
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                    or (kind is int and v != int(v) if np.isfinite(v) else kind is int):
+                raise MetadataError(f"metadata {arch}.{key} is {str(v)[:40]!r}, not "
+                                    f"{'an integer' if kind is int else 'a number'}")
+            return kind(v)
 
-        heads = int(need("attention.head_count"))
-        args = cls(dim=int(need("embedding_length")), n_layers=int(need("block_count")),
-                   n_heads=heads, n_kv_heads=int(need("attention.head_count_kv", heads)),
-                   hidden_dim=int(need("feed_forward_length")),
-                   vocab_size=int(need("vocab_size", vocab_size)),
-                   norm_eps=float(need("attention.layer_norm_rms_epsilon", 1e-5)),
-                   rope_theta=float(need("rope.freq_base", 10000.0)),
-                   context_length=int(need("context_length", 2048)), arch=arch)
-        rope_dim = meta.get(f"{arch}.rope.dimension_count", args.head_dim)
-        if int(rope_dim) != args.head_dim:
+        heads = need("attention.head_count")
+        args = cls(dim=need("embedding_length"), n_layers=need("block_count"),
+                   n_heads=heads, n_kv_heads=need("attention.head_count_kv", heads),
+                   hidden_dim=need("feed_forward_length"),
+                   vocab_size=need("vocab_size", vocab_size),
+                   norm_eps=need("attention.layer_norm_rms_epsilon", 1e-5, float),
+                   rope_theta=need("rope.freq_base", 10000.0, float),
+                   context_length=need("context_length", 2048), arch=arch,
+                   family=family, key_length=need("attention.key_length", 0))
+        args.checked()
+        rope_dim = need("rope.dimension_count", args.head_dim)
+        if rope_dim != args.head_dim:
             raise UnsupportedConversionError(f"partial RoPE ({rope_dim} of {args.head_dim} "
                                              "head dimensions) is not BitNet's")
         return args.checked()
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelArgs:
-        """From a Hugging Face ``config.json`` of ``BitNetForCausalLM``."""
+        """From a Hugging Face ``config.json`` of any family."""
         rope = cfg.get("rope_parameters") or {}
         heads = int(cfg["num_attention_heads"])
-        return cls(dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]),
+        fam = hf_family(cfg) if cfg.get("model_type") or cfg.get("architectures") \
+            else BITNET_2B4T
+        hd = cfg.get("head_dim")
+        return cls(family=fam, arch=fam.arch,
+                   key_length=int(hd) if hd and int(hd) != cfg["hidden_size"] // heads else 0,
+                   dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]),
                    n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                    hidden_dim=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
                    norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
@@ -83,7 +101,8 @@ class ModelArgs:
         if min(self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.hidden_dim,
                self.vocab_size, self.context_length) <= 0:
             raise MetadataError(f"model sizes must be positive: {self}")
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.head_dim % 2:
+        if (self.dim % self.n_heads and not self.key_length) or self.n_heads % self.n_kv_heads \
+                or self.head_dim % 2:
             raise MetadataError(f"{self.n_heads} heads of an even size do not fit hidden size "
                                 f"{self.dim} and {self.n_kv_heads} kv heads")
         return self
@@ -179,3 +198,173 @@ class Rows:
         """Every cache now holds its segment's positions."""
         for sl, cache, start in self.spans:
             cache.length = start + (sl.stop - sl.start)
+
+
+# -- the decoder every family shares ----------------------------------------------------------
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+#: projections that read the same activations (a backend may run each group as one matrix)
+INPUT_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+
+
+def silu_glu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """The SiLU-gated FFN (Llama, Qwen3, 1bitLLM): ``gate * sigmoid(gate) * up``."""
+    one = gate.dtype.type(1)
+    with np.errstate(over="ignore"):  # exp(-gate) = inf: gate / inf = -0, as torch's silu
+        return gate / (one + np.exp(-gate)) * up
+
+
+def interleave_order(head_dim: int) -> np.ndarray:
+    """Where llama.cpp's converter puts each HF row of a head of q/k (``permute``): GGUF row
+    ``2i + p`` of a head holds HF row ``p * d/2 + i`` (interleaved RoPE pairs)."""
+    return np.arange(head_dim).reshape(2, head_dim // 2).T.reshape(-1)
+
+
+@dataclass
+class Block:
+    """The weights of one decoder layer: norm gains and backend handles of the projections."""
+
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    attn_sub_norm: np.ndarray | None  # families with sub-norms (BitNet)
+    ffn_sub_norm: np.ndarray | None
+    q_norm: np.ndarray | None  # families with q/k norms (Qwen3): gains [head_dim]
+    k_norm: np.ndarray | None
+    proj: dict[str, Any]  # "attn_q" ... "ffn_down" -> backend weight
+    out_scale: dict[str, float]  # optional per-projection .scale tensors (upstream "bitnet")
+    stacked: dict[tuple[str, ...], Any]  # (q, k, v) and (gate, up) as one weight, if possible
+
+
+class Transformer:
+    """The network of every family: ``forward(tokens, cache)`` -> logits, on any backend.
+
+    One decoder layer, pre-norm residual::
+
+        a = RMSNorm(h)                          q, k, v = BitLinear(a)   (GQA: kv heads < heads)
+        q, k = RMSNorm_head(q), RMSNorm_head(k)  (q/k norm families)
+        q, k = RoPE(q), RoPE(k)                 rotate-half on HF-ordered rows
+        o = softmax(q k^T / sqrt(d) + causal) v
+        h = h + BitLinear_o(RMSNorm_sub(o))     (sub-norm families; else BitLinear_o(o))
+        f = RMSNorm(h)                          g = act(BitLinear_gate(f)) * BitLinear_up(f)
+        h = h + BitLinear_down(RMSNorm_sub(g))  (sub-norm families; else BitLinear_down(g))
+
+    and ``logits = RMSNorm(h) @ H^T`` with H ``output.weight`` if the file has one, else the
+    token embedding. ``BitLinear(x) = (Q8(x) @ T^T) / s * scale``: per-token absmax int8
+    activations. Files whose q/k rows are in llama.cpp's interleaved order (``llama``) have
+    their q/k outputs put back in HF order before RoPE, which is the same attention.
+    """
+
+    def __init__(self, args: ModelArgs, backend: Backend, *,
+                 progress: Callable[[int, int], None] | None = None, head: str = "full"):
+        """``progress(layer, n_layers)`` is called as each layer's weights are ready; ``head``:
+        "full" or "screened" (:mod:`..exact_head`: the same tokens from fewer bytes)."""
+        self.args, self.be = args, backend
+        self.head = Head(backend, head)
+        fam = args.family
+        names = {e.name for e in backend.model.entries}
+        self.blocks = []
+
+        def opt(name: str, present: bool) -> np.ndarray | None:
+            return backend.vector(name) if present else None
+
+        for i in range(args.n_layers):
+            if progress is not None:
+                progress(i, args.n_layers)
+            p = f"blk.{i}."
+            proj = {n: backend.weight(f"{p}{n}.weight") for n in PROJECTIONS}
+            stacked = {group: backend.stack([proj[n] for n in group]) for group in INPUT_GROUPS}
+            self.blocks.append(Block(
+                backend.vector(f"{p}attn_norm.weight"), backend.vector(f"{p}ffn_norm.weight"),
+                opt(f"{p}attn_sub_norm.weight", fam.sub_norms),
+                opt(f"{p}ffn_sub_norm.weight", fam.sub_norms),
+                opt(f"{p}attn_q_norm.weight", fam.qk_norm),
+                opt(f"{p}attn_k_norm.weight", fam.qk_norm),
+                proj,
+                {n: float(backend.vector(f"{p}{n}.scale").reshape(-1)[0])
+                 for n in PROJECTIONS if f"{p}{n}.scale" in names},
+                {g: w for g, w in stacked.items() if w is not None}))
+        self.norm = backend.vector("output_norm.weight")
+        d = args.head_dim
+        self.inv_freq = 1.0 / args.rope_theta ** (np.arange(0, d, 2) / d)  # [d/2], float64
+        self.hf_order = np.argsort(interleave_order(d)) if fam.permuted_qk else None
+
+    def new_cache(self, max_len: int) -> KVCache:
+        return KVCache(self.args, max_len, self.be.dtype)
+
+    def _linear(self, blk: Block, name: str, qa) -> np.ndarray:
+        y = self.be.bitlinear(qa, blk.proj[name])  # [T, out]
+        return y * y.dtype.type(blk.out_scale[name]) if name in blk.out_scale else y
+
+    def _linears(self, blk: Block, names: tuple[str, ...], qa) -> list[np.ndarray]:
+        """The projections ``names`` of one input, in one call where the backend stacked them."""
+        w = blk.stacked.get(names)
+        if w is None:
+            return [self._linear(blk, n, qa) for n in names]
+        y = self.be.bitlinear(qa, w)  # [T, sum of rows]
+        out, end = [], 0
+        for n in names:
+            start, end = end, end + blk.proj[n].rows
+            out.append(y[:, start:end] * y.dtype.type(blk.out_scale[n])
+                       if n in blk.out_scale else y[:, start:end])
+        return out
+
+    def _quant(self, x: np.ndarray, gain: np.ndarray | None) -> QuantizedActivations:
+        """RMSNorm with ``gain`` (if any), then int8 per token."""
+        if activation_hook is not None:
+            return activation_hook(x if gain is None else rms_norm(x, gain, self.args.norm_eps))
+        if gain is None:
+            return quantize_activations(np.ascontiguousarray(x))
+        return self.be.norm_quant(x, gain, self.args.norm_eps)
+
+    def _ffn_input(self, gate: np.ndarray, up: np.ndarray, blk: Block) -> QuantizedActivations:
+        """The int8 input of down_proj: the gated FFN, its sub-norm if any."""
+        if self.args.family.activation == "relu2":
+            if activation_hook is None and blk.ffn_sub_norm is not None:
+                return self.be.glu_norm_quant(gate, up, blk.ffn_sub_norm, self.args.norm_eps)
+            return self._quant(relu2_glu(gate, up), blk.ffn_sub_norm)
+        return self._quant(silu_glu(gate, up), blk.ffn_sub_norm)
+
+    def forward(self, tokens: Sequence[int], cache: KVCache, *,
+                all_logits: bool = False) -> np.ndarray:
+        """Run ``tokens`` after the cache's positions; logits [T or 1, vocab] (last by default)."""
+        h = self.forward_hidden([Segment(tokens, cache)], all_positions=all_logits)
+        return self.be.lm_head(h)  # [T or 1, vocab]
+
+    def decode(self, segments: Sequence[Segment], samplers: Sequence[Any]) -> list[int]:
+        """Run each segment (one request's next tokens on its own cache) in one pass over the
+        weights, and choose each request's next token with its sampler."""
+        return self.select(self.forward_hidden(segments), samplers)
+
+    def select(self, h: np.ndarray, samplers: Sequence[Any]) -> list[int]:
+        """The token each row of final hidden states ``h`` [n, dim] leads to: the full head's
+        choice, by the full or the screened head."""
+        return self.head.select(h, samplers)
+
+    def forward_hidden(self, segments: Sequence[Segment], *,
+                       all_positions: bool = False) -> np.ndarray:
+        """The final-normed hidden states after running every segment: [segments, dim] (each
+        segment's last position), or [all rows, dim] with ``all_positions``.
+
+        The rows of all segments go through every projection together (one read of each
+        weight), each row quantized on its own, so a row's result does not depend on the
+        others; attention reads each segment's own cache.
+        """
+        a = self.args
+        rows = Rows.of(segments, a, self.be.dtype, self.inv_freq)
+        eps, hd, n = a.norm_eps, a.head_dim, rows.n
+        h = self.be.embed(rows.ids)  # [n, dim]
+        for i, blk in enumerate(self.blocks):
+            x = self._quant(h, blk.attn_norm)
+            q, k, v = self._linears(blk, ("attn_q", "attn_k", "attn_v"), x)
+            q = q.reshape(n, a.n_heads, hd)
+            k, v = k.reshape(n, a.n_kv_heads, hd), v.reshape(n, a.n_kv_heads, hd)
+            if self.hf_order is not None:
+                q, k = q[..., self.hf_order], k[..., self.hf_order]
+            if blk.q_norm is not None:
+                q, k = rms_norm(q, blk.q_norm, eps), rms_norm(k, blk.k_norm, eps)
+            o = rows.attend(self.be, i, np.ascontiguousarray(q), np.ascontiguousarray(k), v)
+            h = h + self._linear(blk, "attn_output", self._quant(o, blk.attn_sub_norm))
+            f = self._quant(h, blk.ffn_norm)
+            gate, up = self._linears(blk, ("ffn_gate", "ffn_up"), f)  # [n, hidden_dim] each
+            h = h + self._linear(blk, "ffn_down", self._ffn_input(gate, up, blk))
+        rows.advance()
+        return rms_norm(h if all_positions else h[rows.last], self.norm, eps)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...constants import GGMLType
-from ...errors import MetadataError, UnsupportedConversionError
+from ...errors import MetadataError, ScaleLossError, ShapeError, UnsupportedConversionError
 from ...formats import get_format
 from ...modelfile import Model
 from ...ternary import TernaryTensor
@@ -249,20 +249,20 @@ class GpuRans:
 
 # -- the embedding / LM head -----------------------------------------------------------------------
 class GpuEmbedding:
-    """``token_embd`` (F32, F16 or BF16) in row chunks that each fit one storage binding."""
+    """``token_embd`` (or an untied ``output.weight``: ``name``; F32, F16 or BF16) in row
+    chunks that each fit one storage binding."""
 
-    def __init__(self, dev: GpuDevice, model: Model):
+    def __init__(self, dev: GpuDevice, model: Model, name: str = "token_embd.weight"):
         self.dev = dev
-        gtype, raw = model.plain("token_embd.weight")
-        self.vocab, self.dim = model.entry("token_embd.weight").shape
+        gtype, raw = model.plain(name)
+        self.vocab, self.dim = model.entry(name).shape
         if gtype not in EMBED_TYPES:
             raise UnsupportedConversionError(f"the wgpu backend reads an F32, F16 or BF16 "
-                                             f"embedding, not {gtype.name}",
-                                             tensor="token_embd.weight")
+                                             f"embedding, not {gtype.name}", tensor=name)
         self.dtype = EMBED_TYPES[gtype]
         if self.dtype and self.dim % 2:
             raise UnsupportedConversionError("a 16-bit embedding needs an even width",
-                                             tensor="token_embd.weight")
+                                             tensor=name)
         if self.dim > UNIFORM_WORDS:  # the LM head's f32 input is one 64 KiB block
             raise UnsupportedConversionError(f"embedding width {self.dim} exceeds "
                                              f"{UNIFORM_WORDS}")
@@ -272,7 +272,7 @@ class GpuEmbedding:
         self.chunks = []
         for r0 in range(0, self.vocab, self.rows_per_chunk):
             r1 = min(self.vocab, r0 + self.rows_per_chunk)
-            self.chunks.append((r0, r1 - r0, dev.upload(rows[r0:r1], f"token_embd[{r0}:{r1}]")))
+            self.chunks.append((r0, r1 - r0, dev.upload(rows[r0:r1], f"{name}[{r0}:{r1}]")))
         self.nbytes = int(raw.size)
 
     def locate(self, token: int) -> tuple[int, int]:
@@ -321,6 +321,8 @@ class WgpuBackend(Backend):
         self.dev = device or GpuDevice(lanes=lanes, max_binding=max_binding, x_space=x_space)
         self.validate, self.context = validate, context
         self.embedding = GpuEmbedding(self.dev, model)
+        self.head = self.embedding if self.head_name == "token_embd.weight" else GpuEmbedding(
+            self.dev, model, self.head_name)
         self.x = self.dev.buffer(4 * UNIFORM_WORDS, "x", uniform=True)  # activation block
         self.xl = self.dev.buffer(4 * UNIFORM_WORDS, "x_live", uniform=True)
         self.xf = self.dev.buffer(4 * UNIFORM_WORDS, "x_f32", uniform=True)  # LM head input
@@ -345,20 +347,33 @@ class WgpuBackend(Backend):
         if e.encoding == "rans":
             return self._decoded_rans(name) if self.decode == "load" else None
         src = ternary_source(self.model, name, self.i2s_variant)
-        if src is not None and src.row_bytes is not None:
+        if src is not None and src.row_bytes is not None and src.encoding in ROW_KERNELS:
             if self.validate:
                 src.decode_rows(0, src.rows)
             consts = {"BLK": src.fmt.block} if src.encoding == "i2_s" else {}
             scale = 1.0 if src.encoding in ("tq2_0", "tq1_0") else float(src.scale)
             return RowMatrix(name, src.encoding, src.rows, src.cols, src.rows_view(), scale,
                              consts)
-        # i2_s rows that do not start on a block, hf folders: re-encode as stfma words once
+        # i2_s rows that do not start on a block, hf folders, and the types without a WGSL
+        # kernel (q2_0, iq2_bn, iq1_bn): re-encoded once, losslessly, as stfma words (one
+        # scale per tensor) or else as tq2_0 blocks (scales per 256 values, per row or finer)
         t: TernaryTensor = self.model.ternary(name) if src is None else src.decode_rows(
             0, src.rows)
-        fmt = get_format("stfma")
-        t, _ = fmt.prepare(t)
-        words = fmt.encode(t).view(np.uint8).reshape(t.rows, -1)
-        return RowMatrix(name, "stfma", t.rows, t.cols, words, float(t.scales[0]))
+        if t.tensor_scale() is not None:
+            fmt = get_format("stfma")
+            t, _ = fmt.prepare(t)
+            words = fmt.encode(t).view(np.uint8).reshape(t.rows, -1)
+            return RowMatrix(name, "stfma", t.rows, t.cols, words, float(t.scales[0]))
+        fmt = get_format("tq2_0")
+        try:
+            t, _ = fmt.prepare(t)
+        except (ScaleLossError, ShapeError) as e:
+            raise UnsupportedConversionError(
+                f"the wgpu backend has no kernel for {src.encoding if src else 'this source'} "
+                f"and its scales fit neither stfma nor tq2_0 ({e.problem}); use the cpu or "
+                "numpy backend", path=self.model.path, tensor=name) from None
+        blocks = fmt.encode(t).view(np.uint8).reshape(t.rows, -1)
+        return RowMatrix(name, "tq2_0", t.rows, t.cols, blocks, 1.0)
 
     def _decoded_rans(self, name: str) -> RowMatrix:
         """The rANS streams decoded once on the host into stfma rows (the cpu backend's
@@ -414,7 +429,7 @@ class WgpuBackend(Backend):
     def bitlinear(self, qa: QuantizedActivations, w: GpuMatrix | GpuRans) -> np.ndarray:
         """``[T, rows]``: one activation block upload, dispatch and readback per token."""
         y = self._out(w.rows)
-        key = ("bl", id(w))
+        key = ("bl", id(w), id(y))  # the dispatches are bound to this output buffer
         if key not in self._cache:
             self._cache[key] = (w, w.dispatches(self.x, y, 0))
         out = np.empty((qa.q.shape[0], w.rows), np.float32)
@@ -427,7 +442,7 @@ class WgpuBackend(Backend):
     def lm_head(self, h: np.ndarray) -> np.ndarray:
         if self._logits is None:
             self._logits = self.dev.buffer(4 * self.vocab, "logits")
-            self._head = self.embedding.head_dispatches(self.xf, self._logits)
+            self._head = self.head.head_dispatches(self.xf, self._logits)
         out = np.empty((h.shape[0], self.vocab), np.float32)
         for t in range(h.shape[0]):
             self.dev.write(self.xf, np.ascontiguousarray(h[t], np.float32))

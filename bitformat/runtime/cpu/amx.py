@@ -1,0 +1,215 @@
+"""AMX tile kernels for a batched decode step (2..16 tokens) of the 2-bit formats.
+
+With 8 tokens the VNNI kernel (:func:`.batch.mm2_vnni_tokens`) is compute-bound: every
+weight meets every token in a vpdpbusd of 64 multiply-adds, 8 of them per weight byte-slot,
+and a step of 2B-4T takes ~90 ms of them on two cores against ~20 ms to read the bytes. An
+AMX ``tdpbusd`` multiplies a 16 x 64 tile of u8 by a 64 x 16 tile of s8 (16 K multiply-adds)
+in one instruction, so the codes of 16 rows meet up to 16 tokens at once:
+
+- the A tile is 16 weight rows x 64 codes: one 64-byte chunk of each row, its slot at one
+  shift (``(byte >> 2g) & 3``: the codes of 64 columns), written to a 4 KB scratch buffer;
+- the B tile is those 64 columns of every token as 16 dwords x T tokens (4 consecutive
+  activations per dword): :func:`tile_activations` lays them out once per activation;
+- two C tiles (even and odd shifts) collect 16 rows x T int32 sums over the row.
+
+The sum runs over the columns in another order than the other kernels, but integer sums are
+exact, so ``out[t, r] = float32(dot - corr[t]) / s[t] * ws[r]`` equals theirs to the bit.
+
+AMX needs Linux's permission for the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, once
+per process): :func:`available` asks for it and says whether the kernels may run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import platform
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .kernels import KIND_I2S, _dot2_vnni, _load64, _prefetch, host_features
+
+#: rows of weights per A tile, and the most tokens a C tile holds
+TILE_ROWS = 16
+MAX_TOKENS = 16
+#: rows a thread takes at a time (groups of 16 share a tile configuration)
+BLOCK_ROWS = 128
+
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
+
+
+@functools.cache
+def available() -> bool:
+    """True when this CPU has AMX-INT8 (LLVM sees it) and Linux lets this process use it."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    if not {"amx-tile", "amx-int8", "avx512bw"} <= host_features():
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@functools.cache
+def tile_config(ntok: int) -> np.ndarray:
+    """The 64-byte tile configuration (palette 1) for ``ntok`` tokens: tmm0..3 C (16 rows
+    x ntok int32, one per shift), tmm4, tmm5 A (16 x 64 u8), tmm6, tmm7 B (16 dwords x
+    ntok)."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1
+    colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
+    for t, width in enumerate((4 * ntok,) * 4 + (64, 64, 4 * ntok, 4 * ntok)):
+        colsb[t], rows[t] = width, 16
+    cfg.setflags(write=False)
+    return cfg
+
+
+def tile_activations(xg: np.ndarray, kind: int) -> np.ndarray:
+    """int8 slot activations ``XG [T, 4, bpr]`` -> int32 ``[bpr // 64, 4, 16, T]``: for chunk
+    i and shift 2g, the B tile of the 64 columns whose codes sit at that shift (i2_s keeps
+    slot 3 - g there, stfma slot g): dword k of token t is its activations 4k..4k+3."""
+    t, _, bpr = xg.shape
+    n = bpr // 64
+    x = xg[:, :, : n * 64].reshape(t, 4, n * 64).view(np.int32).reshape(t, 4, n, 16)
+    if kind == KIND_I2S:
+        x = x[:, ::-1]
+    return np.ascontiguousarray(x.transpose(2, 1, 3, 0))
+
+
+_I8 = ir.IntType(8)
+_P = _I8.as_pointer()
+_I64 = ir.IntType(64)
+_I16x32 = ir.VectorType(ir.IntType(16), 32)
+_I8x64 = ir.VectorType(_I8, 64)
+
+
+def _fn(builder, name, args):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), args),
+                                          name)
+
+
+@intrinsic
+def _amx_rows(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
+    """For ``ngroups`` groups of 16 rows from byte ``w_off`` of ``w`` (``bpr`` bytes a row,
+    ``bpr // 64`` chunks): tile sums against ``xb`` (:func:`tile_activations`) into
+    ``cout[group, 4, 16, ntok]`` int32 (each shift's part). ``abuf``: an 8 KB scratch of
+    this thread for the A tiles (two sets: a chunk's codes are written while the tiles of
+    the chunk before are multiplied)."""
+    sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, abuf, cout)
+
+    def codegen(context, builder, signature, args):
+        cfg_a, w_a, w_off, bpr, ngroups, xb_a, ntok, abuf_a, cout_a = args
+
+        def data(i, a):
+            return builder.bitcast(
+                context.make_array(signature.args[i])(context, builder, a).data, _P)
+
+        cptr, wptr, xptr, aptr, optr = (data(0, cfg_a), data(1, w_a), data(5, xb_a),
+                                        data(7, abuf_a), data(8, cout_a))
+        ldcfg = _fn(builder, "llvm.x86.ldtilecfg", [_P])
+        zero = _fn(builder, "llvm.x86.tilezero", [_I8])
+        load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P, _I64])
+        store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P, _I64])
+        dp = _fn(builder, "llvm.x86.tdpbusd", [_I8, _I8, _I8])
+        release = _fn(builder, "llvm.x86.tilerelease", [])
+
+        def c(v):
+            return ir.Constant(w_off.type, v)
+
+        def tmm(k):
+            return ir.Constant(_I8, k)
+
+        three = ir.Constant(_I8x64, [3] * 64)
+        n = builder.udiv(bpr, c(64))
+        bstride = builder.mul(ntok, c(4))  # bytes per B-tile row
+        bsize = builder.mul(bstride, c(16))  # bytes per B tile
+        builder.call(ldcfg, [cptr])
+        with cgutils.for_range(builder, ngroups) as grp:
+            row0 = builder.add(w_off, builder.mul(grp.index, builder.mul(bpr, c(16))))
+            for g in range(4):
+                builder.call(zero, [tmm(g)])
+            def expand(i):  # chunk i's codes of the 16 rows into A buffer i % 2
+                i64 = builder.mul(i, c(64))
+                half = builder.mul(builder.and_(i, c(1)), c(4096))
+                for k in range(TILE_ROWS):
+                    off = builder.add(builder.add(row0, builder.mul(bpr, c(k))), i64)
+                    wv = _load64(builder, wptr, off)
+                    # the next group's bytes, in order (one line per row and chunk)
+                    _prefetch(builder, wptr, builder.add(builder.add(
+                        row0, builder.mul(bpr, c(TILE_ROWS))), builder.add(
+                        builder.mul(i, c(64 * TILE_ROWS)), c(64 * k))))
+                    for g in range(4):
+                        v = wv
+                        if g:
+                            v = builder.bitcast(builder.lshr(builder.bitcast(v, _I16x32),
+                                                             ir.Constant(_I16x32, [2 * g] * 32)),
+                                                _I8x64)
+                        dst = builder.gep(aptr, [builder.add(half, c(g * 1024 + k * 64))])
+                        builder.store(builder.and_(v, three),
+                                      builder.bitcast(dst, _I8x64.as_pointer()), align=64)
+
+            def multiply(i):  # chunk i's A tiles times its B tiles
+                half = builder.mul(builder.and_(i, c(1)), c(4096))
+                xbase = builder.mul(builder.mul(i, c(4)), bsize)
+                for g in range(4):
+                    a_t, b_t = tmm(4 + g % 2), tmm(6 + g % 2)
+                    builder.call(load, [a_t, builder.gep(aptr, [builder.add(half, c(g * 1024))]),
+                                        ir.Constant(_I64, 64)])
+                    builder.call(load, [b_t, builder.gep(xptr, [builder.add(
+                        xbase, builder.mul(bsize, c(g)))]), bstride])
+                    builder.call(dp, [tmm(g), a_t, b_t])
+
+            # software-pipelined: the tiles load a chunk's codes one chunk after they were
+            # written (a tile load right after the stores waited for them: 4x slower)
+            expand(c(0))
+            with cgutils.for_range(builder, builder.sub(n, c(1))) as loop:
+                nxt = builder.add(loop.index, c(1))
+                expand(nxt)
+                multiply(loop.index)
+            multiply(builder.sub(n, c(1)))
+            obase = builder.mul(grp.index, builder.mul(bsize, c(4)))  # 4 tiles of 16 x 4T bytes
+            for g in range(4):
+                builder.call(store, [tmm(g), builder.gep(optr, [builder.add(
+                    obase, builder.mul(bsize, c(g)))]), bstride])
+        builder.call(release, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mm2_amx_tokens(W, XG, XB, cfg, corr, s, ws, kind, out):
+    """:func:`.kernels.mm2_vnni` for 2..16 tokens (KIND_I2S, KIND_LOW; ``bpr % 64 == 0``) on
+    AMX tiles (module docstring): blocks of ``BLOCK_ROWS`` rows split among threads, rows
+    past the last group of 16 by the one-token VNNI kernel. Same results to the bit."""
+    rows, bpr = W.shape
+    T = out.shape[0]
+    groups = rows // TILE_ROWS
+    gpb = BLOCK_ROWS // TILE_ROWS
+    nblocks = (groups + gpb - 1) // gpb
+    for b in prange(nblocks):
+        g0 = b * gpb
+        ng = min(gpb, groups - g0)
+        abuf = np.empty(8 * TILE_ROWS * 64 + 64, np.uint8)
+        a0 = (64 - abuf.ctypes.data % 64) % 64  # 64-byte aligned A tiles
+        cout = np.empty((ng, 4, TILE_ROWS, T), np.int32)
+        _amx_rows(cfg, W, g0 * TILE_ROWS * bpr, bpr, ng, XB, T, abuf[a0:], cout)
+        d = np.empty(TILE_ROWS, np.int32)
+        for gi in range(ng):
+            r0 = (g0 + gi) * TILE_ROWS
+            for t in range(T):
+                for k in range(TILE_ROWS):
+                    d[k] = (cout[gi, 0, k, t] + cout[gi, 1, k, t]) + (
+                        cout[gi, 2, k, t] + cout[gi, 3, k, t]) - corr[t]
+                st = s[t]
+                for k in range(TILE_ROWS):  # vectorized: vcvtdq2ps, vdivps, vmulps
+                    out[t, r0 + k] = np.float32(d[k]) / st * ws[r0 + k]
+    for r in range(groups * TILE_ROWS, rows):
+        for t in range(T):
+            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]
