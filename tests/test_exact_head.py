@@ -32,7 +32,7 @@ def cpu_head_backend(E: np.ndarray, gtype: str = "F16", kernel: str | None = Non
 
     kernel = kernel or K.kernel_mode()
     be = object.__new__(CpuBackend)
-    be.embed_type = GGMLType[gtype]
+    be.embed_type = be.head_type = GGMLType[gtype]
     if gtype == "F32":
         be._E = np.ascontiguousarray(E, np.float32)
     elif gtype == "F16":
