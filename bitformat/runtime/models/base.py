@@ -300,10 +300,12 @@ class Transformer:
         if w is None:
             return [self._linear(blk, n, qa) for n in names]
         y = self.be.bitlinear(qa, w)  # [T, sum of rows]
-        ends = np.cumsum([blk.proj[n].rows for n in names])
-        return [y[:, e - blk.proj[n].rows: e] * y.dtype.type(blk.out_scale[n])
-                if n in blk.out_scale else y[:, e - blk.proj[n].rows: e]
-                for n, e in zip(names, ends, strict=True)]
+        out, end = [], 0
+        for n in names:
+            start, end = end, end + blk.proj[n].rows
+            out.append(y[:, start:end] * y.dtype.type(blk.out_scale[n])
+                       if n in blk.out_scale else y[:, start:end])
+        return out
 
     def _quant(self, x: np.ndarray, gain: np.ndarray | None) -> QuantizedActivations:
         """RMSNorm with ``gain`` (if any), then int8 per token."""
