@@ -42,7 +42,7 @@ def test_corpus_of_cases_that_found_bugs(bases):
 
 
 def test_fuzz_commands(bases):
-    res = fc.fuzz(list(range(CASES)), workers=2, subprocess_every=50,
+    res = fc.fuzz(list(range(fc.SCHEME_2, fc.SCHEME_2 + CASES)), workers=2, subprocess_every=50,
                   base_dir=bases)
     check(res)
     f = res["figures"]
