@@ -55,7 +55,7 @@ BATCH_TOKENS = 16
 #: ik_llama.cpp's BitNet types: one scale at the start of every row (formats/iq2_bn.py).
 ROW_SCALED = ("iq2_bn", "iq1_bn")
 
-#: Rows from which RMSNorm + quantization of a batched step run on all threads.
+#: Rows from which RMSNorm + quantization (a batched step, a prompt) run on all threads.
 PAR_ROWS = 4
 
 #: encoding -> (slot layout of the activations, kernel kind); i2_s's layout is its variant.
@@ -284,7 +284,7 @@ class CpuBackend(Backend):
     def norm_quant(self, x: np.ndarray, gain: np.ndarray, eps: float) -> QuantizedActivations:
         x = np.ascontiguousarray(x, dtype=np.float32)
         q, s = np.empty(x.shape, np.int8), np.empty(x.shape[0], np.float32)
-        if PAR_ROWS <= x.shape[0] <= BATCH_TOKENS:
+        if x.shape[0] >= PAR_ROWS:
             self._call(ops.norm_quant_rows, SERIAL_BYTES, x, gain, eps, q, s)
         else:
             ops.norm_quant(x, gain, eps, q, s)
@@ -293,7 +293,7 @@ class CpuBackend(Backend):
     def glu_norm_quant(self, gate: np.ndarray, up: np.ndarray, gain: np.ndarray,
                        eps: float) -> QuantizedActivations:
         q, s = np.empty(gate.shape, np.int8), np.empty(gate.shape[0], np.float32)
-        if PAR_ROWS <= gate.shape[0] <= BATCH_TOKENS:
+        if gate.shape[0] >= PAR_ROWS:
             self._call(ops.glu_norm_quant_rows, SERIAL_BYTES, gate, up, gain, eps, q, s)
         else:
             ops.glu_norm_quant(gate, up, gain, eps, q, s)
