@@ -312,6 +312,13 @@ class CpuBackend(Backend):
         ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
         return out
 
+    def attend_tokens(self, q, k, v, caches, cos, sin, out) -> None:
+        """Row t of a decode step (one token per request) by :meth:`attend` on ``caches[t]``
+        = (its layer's k cache, v cache, position), without a call per row from the model."""
+        attend_one = ops.attend_one
+        for t, (kc, vc, start) in enumerate(caches):
+            attend_one(q[t], k[t], v[t], cos[t], sin[t], kc, vc, start, out[t])
+
     def _call(self, kernel, nbytes: int, *args) -> None:
         """Run a kernel on all ``self.threads`` cores or on this thread alone.
 
