@@ -15,7 +15,8 @@ token comes, not which.
 
 Prompt chunks are the only long rows: per step at most ``PREFILL_CHUNK`` prompt tokens run
 beside the decode rows (the oldest request's chunk first), so a long prompt delays the others
-by about one chunk's time per step instead of its whole prefill.
+by about one chunk's time per step instead of its whole prefill; while no request decodes, a
+step takes ``IDLE_CHUNKS`` times that (a burst of short prompts in one step).
 
 >>> eng = Engine(model.net, model.tokenizer).start()               # doctest: +SKIP
 >>> h = eng.submit(Request(ids, max_tokens=16), on_event=print)     # doctest: +SKIP
@@ -27,6 +28,7 @@ import collections
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +40,16 @@ from .sampling import Sampler, SamplingParams
 from .textstream import TextStream
 
 log = logging.getLogger("bitformat.engine")
+
+#: seconds an idle engine waits, once a request comes, for others sent with it (up to
+#: ``max_batch``) so that their prompts run in one step: clients that start together otherwise
+#: see the first prompt run alone and the rest one step later (8 clients of 2B-4T: one step
+#: of about 0.1 s more for all of them)
+GATHER_S = 0.015
+
+#: prompt chunks' tokens per step, in ``PREFILL_CHUNK``s, while no request is decoding (else
+#: one): 8 clients' prompts of 2B-4T, 93 tokens, then run in one step instead of two
+IDLE_CHUNKS = 2
 
 
 @dataclass
@@ -128,17 +140,19 @@ class Engine:
 
     ``context`` caps prompt + generated tokens of each request (default: the model's);
     ``max_batch`` requests run at once, ``max_queue`` more may wait (beyond that
-    :meth:`submit` raises :class:`~bitformat.errors.UnavailableError`).
+    :meth:`submit` raises :class:`~bitformat.errors.UnavailableError`); ``gather``: seconds an
+    idle engine waits for more requests after the first (:data:`GATHER_S`).
     """
 
     def __init__(self, net: Any, tokenizer: Any = None, *, max_batch: int = 8,
                  context: int | None = None, max_queue: int = 64,
-                 after_step: Callable[[], None] | None = None):
+                 after_step: Callable[[], None] | None = None, gather: float = GATHER_S):
         if max_batch < 1 or max_queue < 0:
             raise RequestError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} "
                                f"and {max_queue}")
         self.net, self.tokenizer = net, tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
+        self.gather = gather if max_batch > 1 else 0.0
         model_ctx = net.args.context_length
         self.context = min(context, model_ctx) if context else model_ctx
         self.vocab = net.args.vocab_size
@@ -229,8 +243,14 @@ class Engine:
             ready.set()
         while True:
             with self._cv:
+                idle = not self._active
                 while not self._closing and not self._waiting and not self._active:
                     self._cv.wait()
+                if idle and self.gather > 0:  # from idle to busy: let a burst arrive
+                    end = time.monotonic() + self.gather
+                    while (not self._closing and len(self._waiting) < self.max_batch
+                           and (left := end - time.monotonic()) > 0):
+                        self._cv.wait(left)
                 if self._closing:
                     break
                 while self._waiting and len(self._active) < self.max_batch:
@@ -270,7 +290,9 @@ class Engine:
             log.exception("warm-up failed")
 
     def _step(self) -> None:
-        segs, slots, budget = [], [], PREFILL_CHUNK
+        # while no request decodes, nobody waits on the step: a burst's prompts get two chunks
+        decoding = any(s.done >= len(s.prompt) for s in self._active)
+        segs, slots, budget = [], [], PREFILL_CHUNK * (1 if decoding else IDLE_CHUNKS)
         for s in self._active:
             if s.done < len(s.prompt):  # prompt chunks at multiples of PREFILL_CHUNK
                 n = min(PREFILL_CHUNK - s.done % PREFILL_CHUNK, len(s.prompt) - s.done)

@@ -246,22 +246,44 @@ class Head:
         if prep is None:
             return self._full(h, samplers, "logits could overflow")
         lo, hi = self.be.head_bounds(self.tables, *prep)
-        sets = [self._candidates(lo[r], hi[r], s) for r, s in enumerate(samplers)]
-        ids = np.unique(np.concatenate(sets))
+        # plain greedy rows (no penalty): their candidates in one pass over the bounds
+        plain = np.array([s.params.greedy and s.penalized_ids().size == 0 for s in samplers])
+        sets = [self._candidates(lo[r], hi[r], s)
+                for r, s in enumerate(samplers) if not plain[r]]
+        if plain.any():
+            sets.append(self._greedy_candidates(lo[plain], hi[plain]))
+        ids = sets[0] if len(sets) == 1 else np.unique(np.concatenate(sets))
         exact = self.be.head_rows(h, ids)  # [n, len(ids)]
         if not np.isfinite(exact).all():
             return self._full(h, samplers, "logits not finite")
         st.screened_rows += len(samplers)
         st.candidates.append(int(ids.size))
         st.head_bytes += self.tables.nbytes + self.be.head_rows_bytes(ids)
+        # greedy without penalty: Sampler.pick's argmax over float32 logits, every row
+        # outside ids -inf; ids ascend, so the first maximum is the same row
+        best = ids[np.argmax(exact.astype(np.float32, copy=False), axis=1)]
         tokens = []
         for r, s in enumerate(samplers):
+            if plain[r]:
+                tokens.append(int(best[r]))
+                continue
             z = np.full(self.be.vocab, -np.inf, exact.dtype)
             z[ids] = exact[r]
             tokens.append(s.pick(z))
         if self.check:
             self._check(h, samplers, lo, hi, tokens)
         return tokens
+
+    def _greedy_candidates(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The union of :meth:`_candidates` of greedy rows without penalty (``lo``, ``hi``
+        [rows, vocab]), sorted: rows whose upper bound reaches some row's largest lower bound,
+        both as the sampler rounds them (to the logits' dtype; rounding is monotone, so the
+        rounded largest bound is the largest rounded bound)."""
+        if self.be.dtype != np.float32:
+            lo = lo.astype(np.float32)
+            hi = hi.astype(np.float32)
+        top = lo.max(axis=1, keepdims=True)
+        return np.flatnonzero((hi >= top).any(axis=0))
 
     def _candidates(self, lo: np.ndarray, hi: np.ndarray, s: Sampler) -> np.ndarray:
         """Rows whose exact logit this sampler may need (module docstring)."""

@@ -55,7 +55,7 @@ BATCH_TOKENS = 16
 #: ik_llama.cpp's BitNet types: one scale at the start of every row (formats/iq2_bn.py).
 ROW_SCALED = ("iq2_bn", "iq1_bn")
 
-#: Rows from which RMSNorm + quantization of a batched step run on all threads.
+#: Rows from which RMSNorm + quantization (a batched step, a prompt) run on all threads.
 PAR_ROWS = 4
 
 #: encoding -> (slot layout of the activations, kernel kind); i2_s's layout is its variant.
@@ -284,7 +284,7 @@ class CpuBackend(Backend):
     def norm_quant(self, x: np.ndarray, gain: np.ndarray, eps: float) -> QuantizedActivations:
         x = np.ascontiguousarray(x, dtype=np.float32)
         q, s = np.empty(x.shape, np.int8), np.empty(x.shape[0], np.float32)
-        if PAR_ROWS <= x.shape[0] <= BATCH_TOKENS:
+        if x.shape[0] >= PAR_ROWS:
             self._call(ops.norm_quant_rows, SERIAL_BYTES, x, gain, eps, q, s)
         else:
             ops.norm_quant(x, gain, eps, q, s)
@@ -293,7 +293,7 @@ class CpuBackend(Backend):
     def glu_norm_quant(self, gate: np.ndarray, up: np.ndarray, gain: np.ndarray,
                        eps: float) -> QuantizedActivations:
         q, s = np.empty(gate.shape, np.int8), np.empty(gate.shape[0], np.float32)
-        if PAR_ROWS <= gate.shape[0] <= BATCH_TOKENS:
+        if gate.shape[0] >= PAR_ROWS:
             self._call(ops.glu_norm_quant_rows, SERIAL_BYTES, gate, up, gain, eps, q, s)
         else:
             ops.glu_norm_quant(gate, up, gain, eps, q, s)
@@ -311,6 +311,13 @@ class CpuBackend(Backend):
         out = np.empty((1, q.shape[1] * q.shape[2]), np.float32)
         ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
         return out
+
+    def attend_tokens(self, q, k, v, caches, cos, sin, out) -> None:
+        """Row t of a decode step (one token per request) by :meth:`attend` on ``caches[t]``
+        = (its layer's k cache, v cache, position), without a call per row from the model."""
+        attend_one = ops.attend_one
+        for t, (kc, vc, start) in enumerate(caches):
+            attend_one(q[t], k[t], v[t], cos[t], sin[t], kc, vc, start, out[t])
 
     def _call(self, kernel, nbytes: int, *args) -> None:
         """Run a kernel on all ``self.threads`` cores or on this thread alone.

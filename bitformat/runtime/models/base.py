@@ -189,6 +189,11 @@ class Rows:
             _, cache, start = self.spans[0]
             return be.attend(q, k, v, cache.k[layer], cache.v[layer], start, self.cos, self.sin)
         out = np.empty((self.n, q.shape[1] * q.shape[2]), q.dtype)
+        ones = getattr(be, "attend_tokens", None)
+        if ones is not None and self.n == len(self.spans):  # a decode step: a token each
+            ones(q, k, v, [(c.k[layer], c.v[layer], start) for _, c, start in self.spans],
+                 self.cos, self.sin, out)
+            return out
         for sl, cache, start in self.spans:
             out[sl] = be.attend(q[sl], k[sl], v[sl], cache.k[layer], cache.v[layer], start,
                                 self.cos[sl], self.sin[sl])
