@@ -453,6 +453,8 @@ class CpuBackend(Backend):
 
     # -- LM head ----------------------------------------------------------------------------------
     def lm_head(self, h: np.ndarray) -> np.ndarray:
+        if self.head_type == GGMLType.Q2_0:  # llama.cpp's Q2_0 x Q8_0 sums (numpy)
+            return self.q2_0_head(h)
         if self._E is None:
             return h @ self.vector(self.head_name).T
         x = np.ascontiguousarray(h, dtype=np.float32)
