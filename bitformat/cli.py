@@ -293,9 +293,10 @@ SYNTH_PRESETS = ("tiny", "2b4t", "tiny-1bitllm", "1bitllm-large", "1bitllm-3b", 
                    "Python version (for one release of the tokenizers package).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="Where to write the model (an i2_s GGUF container).")
-@click.option("--embedding", type=click.Choice(["bf16", "f16"]), default="bf16",
+@click.option("--embedding", type=click.Choice(["bf16", "f16", "q2_0"]), default="bf16",
               show_default=True, help="Precision of the F16 embedding's values: bf16 values "
-              "(as the official 2B-4T file has them) or full-precision f16.")
+              "(as the official 2B-4T file has them) or full-precision f16; or q2_0: a "
+              "ternary embedding and head with per-64 scales (as Ternary Bonsai ships them).")
 @_friendly_errors
 def synth(preset: str, seed: int, output: Path, embedding: str) -> None:
     """Build a ternary model with a family's real architecture and profile-drawn trits."""

@@ -114,7 +114,15 @@ def _family(model: Model) -> dict:
         return {"id": None, "title": str(e)}
     return {"id": f.id, "title": f.title, "activation": f.activation,
             "sub_norms": f.sub_norms, "qk_norm": f.qk_norm, "permuted_qk": f.permuted_qk,
-            "head": "untied" if _head_name(model) == "output.weight" else "tied"}
+            "head": _head_words(model)}
+
+
+def _head_words(model: Model) -> str:
+    """"tied" or "untied", with "ternary q2_0" where the head is q2_0 blocks (Ternary Bonsai)."""
+    name = _head_name(model)
+    words = "untied" if name == "output.weight" else "tied"
+    enc = next((e.encoding for e in model.entries if e.name == name), None)
+    return f"{words} ternary q2_0" if enc == "q2_0" else words
 
 
 def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = None
@@ -167,8 +175,9 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
                 setattr(stats, k, v)
             stats.scale = t.tensor_scale()
             counts += np.bincount((t.trits.reshape(-1) + 1).astype(np.intp), minlength=3)[:3]
+        if e.ternary and e.name not in ("token_embd.weight", "output.weight"):
             ternary_bytes += e.nbytes
-            ternary_weights += t.rows * t.cols
+            ternary_weights += e.n_elements
         elif e.name == "token_embd.weight":  # a coded one is read decoded, at its type's size
             embed_bytes += e.plain_nbytes
             embed_row = e.plain_nbytes // max(e.shape[0], 1)
@@ -185,7 +194,8 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
     parameters = sum(e.n_elements for e in model.entries)
     summary.totals = {
         "tensors": len(model.entries),
-        "ternary_tensors": sum(1 for e in model.entries if e.ternary),
+        "ternary_tensors": sum(1 for e in model.entries if e.ternary and e.name not in (
+            "token_embd.weight", "output.weight")),  # a q2_0 embedding/head counts as such
         "ternary_weights": ternary_weights,
         "ternary_bytes": ternary_bytes,
         "ternary_bits_per_weight": ternary_bytes * 8 / ternary_weights if ternary_weights

@@ -154,7 +154,7 @@ def _block_shapes(p: Preset) -> dict[str, tuple[tuple[int, ...], GGMLType]]:
     return {k: v for k, v in every.items() if k in have}
 
 
-def plan(preset: str | Preset) -> list[PlannedTensor]:
+def plan(preset: str | Preset, embedding: str = "bf16") -> list[PlannedTensor]:
     """Every tensor ``synth`` writes, in file order: name, shape (numpy order), type, bytes.
 
     >>> t = plan("2b4t")
@@ -163,8 +163,9 @@ def plan(preset: str | Preset) -> list[PlannedTensor]:
     """
     p = _preset(preset)
     shapes = _block_shapes(p)
-    out = [("output.weight", (p.vocab, p.hidden), GGMLType.F16)] if p.untied else []
-    out.append(("token_embd.weight", (p.vocab, p.hidden), GGMLType.F16))
+    et = GGMLType.Q2_0 if embedding == "q2_0" else GGMLType.F16
+    out = [("output.weight", (p.vocab, p.hidden), et)] if p.untied else []
+    out.append(("token_embd.weight", (p.vocab, p.hidden), et))
     for layer in sorted(range(p.layers), key=str):  # 0, 1, 10, 11, ..., 19, 2, 20, ...
         out += [(f"blk.{layer}.{k}.weight", *shapes[k]) for k in BLOCK_ORDER if k in shapes]
     out.append(("output_norm.weight", (p.hidden,), GGMLType.F32))
@@ -334,7 +335,9 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return b.view(np.float32)
 
 
-EMBEDDINGS = ("bf16", "f16")  # the embedding's precision (stored as F16 either way)
+#: the embedding's precision: bf16 or f16 values stored as F16, or (Ternary Bonsai) q2_0
+#: blocks of trits for the embedding and an untied head
+EMBEDDINGS = ("bf16", "f16", "q2_0")
 
 
 def _tensor(p: Preset, t: PlannedTensor, seed: int, embedding: str = "bf16") -> np.ndarray:
@@ -344,6 +347,8 @@ def _tensor(p: Preset, t: PlannedTensor, seed: int, embedding: str = "bf16") -> 
         tt = TernaryTensor(draw_trits(spec, seed), np.float32([spec.scale]), 0, t.name)
         return get_format("i2_s").encode(tt)
     rng = _rng(seed, t.name)
+    if t.ggml_type == GGMLType.Q2_0:  # a Ternary Bonsai embedding or head: ternary values
+        return _q2_0_rows(p, t, rng)
     if t.ggml_type == GGMLType.F32:  # a norm gain
         return _bf16(1.0 + 0.1 * rng.standard_normal(t.shape, dtype=np.float32))
     out = np.empty(t.shape, dtype=np.float16)  # the embedding, in chunks of rows
@@ -355,6 +360,24 @@ def _tensor(p: Preset, t: PlannedTensor, seed: int, embedding: str = "bf16") -> 
     return out
 
 
+def _q2_0_rows(p: Preset, t: PlannedTensor, rng: np.random.Generator) -> np.ndarray:
+    """q2_0 blocks of uniform trits with an f16 scale per 64 values of about
+    ``1.2 * embed_std`` (the spread of the float embedding), d = 0 where a block is all 0."""
+    fmt = get_format("q2_0")
+    rows, cols = t.shape
+    out = []
+    step = max(1, (1 << 22) // cols)
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        trits = rng.integers(-1, 2, (n, cols), dtype=np.int8)
+        d = (np.float32(1.2 * p.embed_std) * rng.uniform(0.5, 1.5, (n, cols // 64))
+             ).astype(np.float16).astype(np.float32)
+        tt = TernaryTensor(trits, d, 64, t.name)
+        d[~tt.block_nonzero()] = 0
+        out.append(fmt.encode(tt))
+    return np.concatenate(out)
+
+
 def synth(preset: str | Preset, out: str | os.PathLike, seed: int = 0,
           progress: Callable[[str, int, int], None] | None = None,
           embedding: str = "bf16") -> Path:
@@ -363,14 +386,15 @@ def synth(preset: str | Preset, out: str | os.PathLike, seed: int = 0,
     Streams tensor by tensor (the 2b4t embedding, 657 MB, is the largest piece held).
     ``progress(name, index, total)`` is called after each tensor is drawn (index from 0).
     ``embedding``: "bf16" (bf16 values stored as F16, as the official file has them) or
-    "f16" (full-precision F16 values).
+    "f16" (full-precision F16 values) or "q2_0" (ternary q2_0 embedding and untied head, as
+    Ternary Bonsai ships them).
     """
     if embedding not in EMBEDDINGS:
         raise ValueError(f"embedding must be one of {', '.join(EMBEDDINGS)}, got "
                          f"{embedding!r:.20}")
     p = _preset(preset)
     fmt = get_format("i2_s")
-    entries = plan(p)
+    entries = plan(p, embedding)
     writer = GGUFWriter(str(out))
     writer.metadata = output_metadata(model_metadata(p), fmt)
     for e in entries:

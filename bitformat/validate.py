@@ -47,7 +47,7 @@ MAX_CONTEXT = 1 << 22  # the KV cache is sized from the context a request asks f
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 PLAIN_FLOATS = ("F32", "F16", "BF16", "F64")  # what the backends read as float vectors
-EMBED_FLOATS = ("F32", "F16", "BF16")  # what the LM-head kernels read
+EMBED_FLOATS = ("F32", "F16", "BF16")  # what the LM-head kernels read (and q2_0 blocks)
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,15 @@ def _check_entry(model: Model, spec: TensorSpec, e: TensorEntry) -> list[Problem
     def err(msg: str) -> None:
         bad.append(Problem("error", spec.name, msg))
 
-    if spec.kind == "head":  # an untied LM head: its shape only (types vary by family)
+    if spec.kind == "head" or (spec.kind == "embedding" and e.encoding == "q2_0"):
+        # an untied LM head: its shape (types vary by family); a q2_0 embedding or head
+        # (Ternary Bonsai) also its blocks
         if tuple(e.shape) != spec.shape:
             err(f"shape {_dims(e.shape)} but the config implies {_dims(spec.shape)}")
+        elif e.encoding == "q2_0":
+            problem = _q2_0_problem(model, e.name)
+            if problem:
+                err(problem)
         return bad
     if spec.kind == "ternary":
         if not e.ternary:
@@ -232,6 +238,30 @@ def _stored_scale(model: Model, e: TensorEntry) -> float | None:
 
 def _dims(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape) or "scalar"
+
+
+def _q2_0_problem(model: Model, name: str) -> str | None:
+    """What makes a q2_0 embedding or head unusable (a NaN or infinite block d, a code 3,
+    which is 2d and not a trit), or None; read block row by block row."""
+    from .formats.q2_0 import BLOCK_BYTES
+    from .formats.tq2_0 import first_code3
+
+    try:
+        _, raw = model.plain(name)
+    except (BitformatError, KeyError):
+        return None
+    blocks = raw.reshape(-1, BLOCK_BYTES)
+    step = 1 << 18
+    for at in range(0, blocks.shape[0], step):
+        b = blocks[at: at + step]
+        d = np.ascontiguousarray(b[:, :2]).view("<f2")
+        bad = np.flatnonzero(~np.isfinite(d))
+        if bad.size:
+            return f"a q2_0 block scale is NaN or infinite (block {at + int(bad[0])})"
+        k = first_code3(b[:, 2:])
+        if k is not None:
+            return f"q2_0 code 3 (the value 2d, not a trit) in block {at + k // 16}"
+    return None
 
 
 def _nonfinite(model: Model, name: str, coded: bool) -> int | None:

@@ -317,6 +317,11 @@ def _check_exportable(model, arch: str) -> Hyper:
         if e.shape != shapes[name]:
             raise ShapeError(f"shape {list(e.shape)} does not match the metadata's "
                              f"{list(shapes[name])}", path=model.path, tensor=name)
+        if e.ternary and name in ("token_embd.weight", "output.weight"):
+            raise UnsupportedConversionError(
+                f"a ternary {e.encoding} embedding or LM head (Ternary Bonsai) has no place in "
+                f"the HF {fam.hf_architecture} layout, which keeps them dense; keep the GGUF",
+                path=model.path, tensor=name)
         if e.ternary != (name.split(".")[-2] in PROJECTIONS):
             raise UnsupportedConversionError("ternary and plain tensors are not where "
                                              f"{fam.title} has them", path=model.path,

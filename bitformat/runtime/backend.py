@@ -2,12 +2,21 @@
 
 A backend turns the tensors of an opened container into the three operations
 :mod:`bitformat.runtime.models` need: ``embed`` (token rows), ``bitlinear`` (int8 activations
-times a ternary matrix read from its container bytes) and ``lm_head`` (the tied, unquantized
-embedding as output projection). Everything else of the model is plain numpy in ``dtype``.
+times a ternary matrix read from its container bytes) and ``lm_head`` (the tied embedding or
+an untied ``output.weight`` as output projection). Everything else of the model is plain numpy
+in ``dtype``.
+
+The embedding and the head are float tensors, or ternary ``q2_0`` blocks (Ternary Bonsai).
+A q2_0 embedding row is dequantized as ggml's ``dequantize_row_q2_0`` does (``d * (code - 1)``
+per 64-value block); a q2_0 head multiplies as llama.cpp's CPU backend does: the hidden state
+is made Q8_0 blocks (:func:`q8_0_activations`, ggml's ``vec_dot_type`` of Q2_0) and each logit
+is ``sum_b d_b * (d8_2b * isum_2b + d8_2b+1 * isum_2b+1)`` in float32, block by block
+(ggml-cpu ``ggml_vec_dot_q2_0_q8_0``; :func:`q2_0_logits`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +26,14 @@ from ..constants import I2_S_TAIL_BYTES, GGMLType
 from ..errors import InvalidScaleError, MetadataError, UnsupportedConversionError
 from ..formats import get_format
 from ..formats.base import TernaryFormat
+from ..formats.q2_0 import BLOCK_BYTES as Q2_0_BLOCK_BYTES
+from ..formats.q2_0 import QK as Q2_0_QK
+from ..formats.q2_0 import unpack_codes
 from ..modelfile import Model
 from ..ternary import TernaryTensor
+
+#: GGML types of the embedding and the LM head that backends run.
+HEAD_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.F64, GGMLType.Q2_0)
 
 #: Ternary encodings whose bytes a backend can read row by row.
 ROW_FORMATS = ("i2_s", "tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "stfma", "colpack_u32")
@@ -176,10 +191,56 @@ def rows_as_float(gtype: GGMLType, raw: np.ndarray, shape: tuple[int, ...], dtyp
         a = raw.view("<f8")
     elif gtype == GGMLType.BF16:
         a = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    elif gtype == GGMLType.Q2_0:
+        return dequantize_q2_0(raw, math.prod(shape)).reshape(shape).astype(dtype)
     else:
         raise UnsupportedConversionError(f"cannot use a {gtype.name} tensor as floats",
                                          path=path, tensor=name)
     return a.reshape(shape).astype(dtype)
+
+
+def dequantize_q2_0(raw: np.ndarray, n: int) -> np.ndarray:
+    """float32 values of ``n // 64`` q2_0 blocks: ``d * (code - 1)``, as ggml's
+    ``dequantize_row_q2_0`` (code 3 gives 2d there too; ``validate`` rejects such a file)."""
+    blocks = raw.reshape(n // Q2_0_QK, Q2_0_BLOCK_BYTES)
+    d = np.ascontiguousarray(blocks[:, :2]).view("<f2").astype(np.float32)  # [nb, 1]
+    codes = unpack_codes(blocks[:, 2:]).astype(np.float32) - np.float32(1)
+    return (codes * d).reshape(-1)
+
+
+def q8_0_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's Q8_0 blocks of float32 activations ``[T, dim]`` as its x86 build makes them
+    (ggml-cpu/arch/x86/quants.c ``quantize_row_q8_0``): per 32 values d = max|x| / 127 stored
+    as f16, q = round-half-even(x * (127 / max|x|)). Returns int8 q ``[T, dim]`` and the f16 d
+    as float32 ``[T, dim / 32]``."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    b = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(b).max(axis=2)
+    d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(b * inv[:, :, None]).astype(np.int8)
+    return q.reshape(x.shape), d
+
+
+def q2_0_logits(rows: np.ndarray, q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """float32 ``[T, len(rows)]``: q2_0 head rows (``[n, 18 * dim / 64]`` bytes) times Q8_0
+    activations (:func:`q8_0_activations`), summed as ggml's ``ggml_vec_dot_q2_0_q8_0``: per
+    64-value block the two 32-value integer sums each times its activation d, then d of the
+    block times that, accumulated block after block (the cpu kernel's order too)."""
+    n, T = rows.shape[0], q.shape[0]
+    nb = rows.shape[1] // Q2_0_BLOCK_BYTES
+    blocks = rows.reshape(n, nb, Q2_0_BLOCK_BYTES)
+    d0 = np.ascontiguousarray(blocks[:, :, :2]).view("<f2")[:, :, 0].astype(np.float32)
+    w = unpack_codes(blocks[:, :, 2:].reshape(n * nb, -1)).astype(np.float64) - 1.0
+    w = w.reshape(n, 2 * nb, 32).transpose(1, 2, 0)  # [2nb, 32, n]
+    qf = q.astype(np.float64).reshape(T, 2 * nb, 32).transpose(1, 0, 2)  # [2nb, T, 32]
+    isum = np.matmul(qf, w).astype(np.float32)  # [2nb, T, n]: exact integer sums
+    f = isum * d.T[:, :, None]  # d8 * isum per 32 values
+    out = np.zeros((T, n), np.float32)
+    for b in range(nb):
+        out += d0[:, b] * (f[2 * b] + f[2 * b + 1])
+    return out
 
 
 class Backend:
@@ -191,6 +252,8 @@ class Backend:
         self.model = model
         self.dtype = np.dtype(dtype).type
         self.i2s_variant = i2s_variant
+        #: why the screened head cannot run here (None: it can), see :class:`.exact_head.Head`
+        self.no_screen: str | None = None
         self.embed_type, raw = model.plain("token_embd.weight")
         self.vocab, self.dim = model.entry("token_embd.weight").shape
         self._embed_raw = raw.reshape(self.vocab, -1)  # one row of bytes per token
@@ -200,12 +263,32 @@ class Backend:
             self.head_type, self._head_raw = self.embed_type, self._embed_raw
         else:
             e = model.entry(self.head_name)
-            if e.ternary or e.shape != (self.vocab, self.dim):
+            if (e.ternary and e.encoding != "q2_0") or e.shape != (self.vocab, self.dim):
                 raise UnsupportedConversionError(
-                    f"an untied LM head must be a plain [{self.vocab}, {self.dim}] tensor, "
-                    f"found {e.encoding} {list(e.shape)}", tensor=self.head_name)
+                    f"an untied LM head must be a float or q2_0 [{self.vocab}, {self.dim}] "
+                    f"tensor, found {e.encoding} {list(e.shape)}", tensor=self.head_name)
             self.head_type, hraw = model.plain(self.head_name)
             self._head_raw = hraw.reshape(self.vocab, -1)
+        for name, gtype in (("token_embd.weight", self.embed_type),
+                            (self.head_name, self.head_type)):
+            if gtype not in HEAD_TYPES:
+                raise UnsupportedConversionError(
+                    f"{gtype.name} is not an embedding or head type bitformat runs (F32, F16, "
+                    "BF16, F64, or q2_0)", path=model.path, tensor=name)
+        #: bytes one full head pass reads, where not vocab * dim * head_itemsize (None)
+        self.head_nbytes: int | None = None
+        if self.head_type == GGMLType.Q2_0:
+            self.no_screen = "a ternary q2_0 head (the screen bounds float heads)"
+            self.head_nbytes = int(self._head_raw.nbytes)
+
+    def q2_0_head(self, h: np.ndarray) -> np.ndarray:
+        """Logits of a q2_0 head as llama.cpp computes them (:func:`q2_0_logits`), in row
+        blocks."""
+        q, d = q8_0_activations(h)
+        out = np.empty((h.shape[0], self.vocab), dtype=np.float32)
+        for v0 in range(0, self.vocab, 2048):
+            out[:, v0: v0 + 2048] = q2_0_logits(self._head_raw[v0: v0 + 2048], q, d)
+        return out
 
     def vector(self, name: str) -> np.ndarray:
         """A norm gain or other small plain tensor, in the model dtype."""

@@ -207,13 +207,17 @@ class Head:
         self.unavailable = None  # why a screened head runs the full one
         if mode == "screened":
             make = getattr(backend, "screen_tables", None)
-            self.tables = make() if make is not None else None
-            if self.tables is None:
+            self.unavailable = getattr(backend, "no_screen", None)
+            self.tables = make() if make is not None and not self.unavailable else None
+            if self.unavailable:
+                pass  # the backend says why (a q2_0 head): every step reads the full head
+            elif self.tables is None:
                 self.unavailable = f"no screened head on the {backend.name} backend"
             elif self.tables.bad_rows:
                 self.unavailable = f"the head has NaN or infinity in {self.tables.bad_rows} rows"
         self.mode = mode
-        self.full_bytes = backend.vocab * backend.dim * int(getattr(backend, "head_itemsize", 2))
+        self.full_bytes = getattr(backend, "head_nbytes", None) or (
+            backend.vocab * backend.dim * int(getattr(backend, "head_itemsize", 2)))
         self.stats = HeadStats(mode, full_bytes=self.full_bytes)
 
     def reset_stats(self) -> None:

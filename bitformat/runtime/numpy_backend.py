@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..constants import GGMLType
 from ..modelfile import Model
 from ..ternary import TernaryTensor
 from . import exact_head as EH
@@ -76,6 +77,8 @@ class NumpyBackend(Backend):
     def lm_head(self, h: np.ndarray) -> np.ndarray:
         """``[T, dim] -> [T, vocab]`` against the head (``output.weight`` or the tied
         ``token_embd``), converted 4096 rows at a time."""
+        if self.head_type == GGMLType.Q2_0:  # llama.cpp's Q2_0 x Q8_0 sums
+            return self.q2_0_head(h).astype(self.dtype)
         out = np.empty((h.shape[0], self.vocab), dtype=self.dtype)
         for v0 in range(0, self.vocab, HEAD_BLOCK):
             out[:, v0: v0 + HEAD_BLOCK] = self._head_block(h, v0)

@@ -29,7 +29,14 @@ from ...formats import get_format
 from ...mapping import file_mapping
 from ...modelfile import Model
 from .. import exact_head as EH
-from ..backend import ROW_FORMATS, Backend, QuantizedActivations, TernarySource, ternary_source
+from ..backend import (
+    ROW_FORMATS,
+    Backend,
+    QuantizedActivations,
+    TernarySource,
+    q8_0_activations,
+    ternary_source,
+)
 from . import amx as A
 from . import batch as B
 from . import head as H
@@ -460,6 +467,15 @@ class CpuBackend(Backend):
 
     # -- LM head ----------------------------------------------------------------------------------
     def lm_head(self, h: np.ndarray) -> np.ndarray:
+        if self.head_type == GGMLType.Q2_0:  # llama.cpp's Q2_0 x Q8_0 sums
+            q, d = q8_0_activations(h)
+            if self._lut_f16 is None:
+                self._lut_f16 = H.lut16("F16")
+            out = np.empty((h.shape[0], self.vocab), dtype=np.float32)
+            xg, sums = H.q2_0_activation_slots(q)
+            self._call(H.lm_head_q2_0, self._head_raw.nbytes, self._head_raw, self._lut_f16,
+                       xg, sums, d, out)
+            return out
         if self._E is None:
             return h @ self.vector(self.head_name).T
         x = np.ascontiguousarray(h, dtype=np.float32)

@@ -5,8 +5,9 @@ k, before RoPE (transformers ``Qwen3Attention``; llama.cpp ``attn_q_norm``/``att
 The head size is its own hyperparameter (``head_dim`` / ``qwen3.attention.key_length``), so
 ``n_heads * head_dim`` may differ from the hidden size. RoPE is rotate-half on HF-ordered rows
 (llama.cpp's qwen3 graph is NEOX; its converter does not permute). The head is tied or an
-``output.weight``. Projections are ternary with one scale per tensor here; Bonsai's ternary
-embedding and head with per-group scales (GGUF ``q2_0``) are not read yet.
+``output.weight``. Ternary Bonsai's embedding and head may be ``q2_0`` blocks (per-64 f16
+scales): the backends dequantize embedding rows and compute the head's logits as llama.cpp
+does (Q8_0 activations; :mod:`..backend`); the screened head falls back to the full one.
 """
 
 from __future__ import annotations

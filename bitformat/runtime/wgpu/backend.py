@@ -37,7 +37,7 @@ from ...errors import MetadataError, ScaleLossError, ShapeError, UnsupportedConv
 from ...formats import get_format
 from ...modelfile import Model
 from ...ternary import TernaryTensor
-from ..backend import Backend, QuantizedActivations, ternary_source
+from ..backend import Backend, QuantizedActivations, dequantize_q2_0, ternary_source
 from .device import UNIFORM_WORDS, Dispatch, GpuDevice
 
 QOFF = 256  # first word of the plain int8 activations in the activation block
@@ -256,6 +256,11 @@ class GpuEmbedding:
         self.dev = dev
         gtype, raw = model.plain(name)
         self.vocab, self.dim = model.entry(name).shape
+        if gtype == GGMLType.Q2_0:  # Ternary Bonsai: d * (code - 1) is exact in f16, so the
+            # blocks become f16 rows at load (the head then sums unquantized activations,
+            # where llama.cpp and the cpu backend use Q8_0 blocks: logits differ slightly)
+            raw = dequantize_q2_0(raw, self.vocab * self.dim).astype("<f2").view(np.uint8)
+            gtype = GGMLType.F16
         if gtype not in EMBED_TYPES:
             raise UnsupportedConversionError(f"the wgpu backend reads an F32, F16 or BF16 "
                                              f"embedding, not {gtype.name}", tensor=name)
