@@ -37,8 +37,7 @@ def main() -> None:
 
     def q2():
         q, d = q8_0_activations(x)
-        xg, sums = H.q2_0_activation_slots(q)
-        H.lm_head_q2_0(E, lut, xg, sums, d, out)
+        H.lm_head_q2_0(E, lut, q, d, out)
 
     def f16():
         H.lm_head_f16(F, x, out)

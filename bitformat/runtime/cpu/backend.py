@@ -472,9 +472,8 @@ class CpuBackend(Backend):
             if self._lut_f16 is None:
                 self._lut_f16 = H.lut16("F16")
             out = np.empty((h.shape[0], self.vocab), dtype=np.float32)
-            xg, sums = H.q2_0_activation_slots(q)
             self._call(H.lm_head_q2_0, self._head_raw.nbytes, self._head_raw, self._lut_f16,
-                       xg, sums, d, out)
+                       q, d, out)
             return out
         if self._E is None:
             return h @ self.vector(self.head_name).T

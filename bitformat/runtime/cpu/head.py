@@ -169,45 +169,37 @@ def lut16(kind: str) -> np.ndarray:
     return (bits << 16).view(np.float32)
 
 
+@njit(inline="always")
+def _q2_byte(w, q, x):
+    """Sum of the four q2_0 codes of byte ``w`` (minus 1) times ``q[x..x+3]``."""
+    return (((w & 3) - 1) * np.int32(q[x]) + (((w >> 2) & 3) - 1) * np.int32(q[x + 1])
+            + (((w >> 4) & 3) - 1) * np.int32(q[x + 2])
+            + (((w >> 6) & 3) - 1) * np.int32(q[x + 3]))
+
+
 @njit(parallel=True, cache=True)
-def lm_head_q2_0(E, lut, XG, S, D, out):
+def lm_head_q2_0(E, lut, Q, D, out):
     """A ternary q2_0 head (Ternary Bonsai) as llama.cpp computes it: ``E`` uint8 rows of
-    18-byte blocks (f16 d, qs[16]: element 4m + g at bits 2g of byte m); the Q8_0 activations
-    (:func:`..backend.q8_0_activations`) as ``XG`` int8 [T, 4, dim / 4] with XG[t, g, 16b + m]
-    = q[t, 64b + 4m + g] (so the 16 bytes of a block multiply contiguous slices), ``S`` int32
-    [T, dim / 32] their sums per 32 values (code - 1 = code minus that), ``D`` their f16 scales
-    as float32 [T, dim / 32]; ``lut`` float32[65536] of every f16 pattern.
+    18-byte blocks (f16 d, qs[16]: element 4m + g at bits 2g of byte m), ``Q`` int8 Q8_0
+    activations [T, dim] and ``D`` their f16 scales as float32 [T, dim / 32]
+    (:func:`..backend.q8_0_activations`), ``lut`` float32[65536] of every f16 pattern.
     out[t, r] = sum_b d_b * (D[t, 2b] * isum_2b + D[t, 2b + 1] * isum_2b+1), float32, block
     after block: the order of :func:`..backend.q2_0_logits` (no fastmath: the same bits)."""
     nb = E.shape[1] // 18
     for r in prange(E.shape[0]):
         er = E[r]
-        for t in range(XG.shape[0]):
-            x0, x1, x2, x3 = XG[t, 0], XG[t, 1], XG[t, 2], XG[t, 3]
+        for t in range(Q.shape[0]):
+            qt = Q[t]
             acc = np.float32(0.0)
             for b in range(nb):
-                o, xo = b * 18 + 2, b * 16
+                o = b * 18 + 2
                 s0 = np.int32(0)
                 s1 = np.int32(0)
                 for m in range(8):
-                    w = np.int32(er[o + m])
-                    s0 += ((w & 3) * np.int32(x0[xo + m]) + ((w >> 2) & 3) * np.int32(x1[xo + m])
-                           + ((w >> 4) & 3) * np.int32(x2[xo + m])
-                           + ((w >> 6) & 3) * np.int32(x3[xo + m]))
-                for m in range(8, 16):
-                    w = np.int32(er[o + m])
-                    s1 += ((w & 3) * np.int32(x0[xo + m]) + ((w >> 2) & 3) * np.int32(x1[xo + m])
-                           + ((w >> 4) & 3) * np.int32(x2[xo + m])
-                           + ((w >> 6) & 3) * np.int32(x3[xo + m]))
-                f = (np.float32(np.float32(s0 - S[t, 2 * b]) * D[t, 2 * b])
-                     + np.float32(np.float32(s1 - S[t, 2 * b + 1]) * D[t, 2 * b + 1]))
+                    s0 += _q2_byte(np.int32(er[o + m]), qt, 64 * b + 4 * m)
+                    s1 += _q2_byte(np.int32(er[o + 8 + m]), qt, 64 * b + 32 + 4 * m)
+                f = (np.float32(np.float32(s0) * D[t, 2 * b])
+                     + np.float32(np.float32(s1) * D[t, 2 * b + 1]))
                 h = np.int32(er[b * 18]) | (np.int32(er[b * 18 + 1]) << 8)
                 acc = np.float32(acc + np.float32(lut[h] * f))
             out[t, r] = acc
-
-
-def q2_0_activation_slots(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``XG`` and ``S`` of :func:`lm_head_q2_0` from int8 Q8_0 values ``q`` [T, dim]."""
-    T = q.shape[0]
-    xg = np.ascontiguousarray(q.reshape(T, -1, 4).transpose(0, 2, 1))  # [T, 4, dim / 4]
-    return xg, q.reshape(T, -1, 32).sum(axis=2, dtype=np.int32)
