@@ -15,8 +15,7 @@ token comes, not which.
 
 Prompt chunks are the only long rows: per step at most ``PREFILL_CHUNK`` prompt tokens run
 beside the decode rows (the oldest request's chunk first), so a long prompt delays the others
-by about one chunk's time per step instead of its whole prefill; while no request decodes, a
-step takes ``IDLE_CHUNKS`` times that (a burst of short prompts in one step).
+by about one chunk's time per step instead of its whole prefill.
 
 >>> eng = Engine(model.net, model.tokenizer).start()               # doctest: +SKIP
 >>> h = eng.submit(Request(ids, max_tokens=16), on_event=print)     # doctest: +SKIP
@@ -46,10 +45,6 @@ log = logging.getLogger("bitformat.engine")
 #: see the first prompt run alone and the rest one step later (8 clients of 2B-4T: one step
 #: of about 0.1 s more for all of them)
 GATHER_S = 0.015
-
-#: prompt chunks' tokens per step, in ``PREFILL_CHUNK``s, while no request is decoding (else
-#: one): 8 clients' prompts of 2B-4T, 93 tokens, then run in one step instead of two
-IDLE_CHUNKS = 2
 
 
 @dataclass
@@ -290,9 +285,7 @@ class Engine:
             log.exception("warm-up failed")
 
     def _step(self) -> None:
-        # while no request decodes, nobody waits on the step: a burst's prompts get two chunks
-        decoding = any(s.done >= len(s.prompt) for s in self._active)
-        segs, slots, budget = [], [], PREFILL_CHUNK * (1 if decoding else IDLE_CHUNKS)
+        segs, slots, budget = [], [], PREFILL_CHUNK
         for s in self._active:
             if s.done < len(s.prompt):  # prompt chunks at multiples of PREFILL_CHUNK
                 n = min(PREFILL_CHUNK - s.done % PREFILL_CHUNK, len(s.prompt) - s.done)
