@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backends import runtime_backends
 from test_ternary_gguf_types import ref_dequantize_q2_0
 
 from bitformat import convert, open_model
@@ -31,20 +32,6 @@ def bonsai(tmp_path_factory):
     src = synth("tiny-qwen3", d / "b.i2_s.gguf", embedding="q2_0")
     out = d / "b.q2_0.gguf"  # every ternary tensor q2_0, as the releases are
     convert(src, out, "q2_0")
-    return out
-
-
-def _backends() -> list[str]:
-    out = ["numpy", "cpu"]
-    try:
-        import wgpu  # noqa: F401
-
-        from bitformat.runtime.wgpu.device import GpuDevice
-
-        GpuDevice()
-        out.append("wgpu")
-    except Exception:  # no adapter here
-        pass
     return out
 
 
@@ -102,7 +89,7 @@ def test_head_logits_are_ggml_vec_dot(bonsai):
 
 def test_greedy_identical_on_every_backend_and_head_falls_back_visibly(bonsai):
     tokens, logits = {}, {}
-    for be in _backends():
+    for be in runtime_backends():
         with load(bonsai, backend=be) as m:
             tokens[be] = m.generate(PROMPT, max_new_tokens=8, temperature=0, stop_ids=[]).tokens
             st = m.head_stats()

@@ -30,6 +30,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from backends import runtime_backends  # noqa: E402
 from test_hf import bf16_bytes, st_tensors, st_write  # noqa: E402
 
 from bitformat import convert, open_model  # noqa: E402
@@ -276,18 +277,6 @@ def test_1bitllm_exports_as_packed_bitnet_and_round_trips(folders, tmp_path):
 
 
 # -- the runtime -----------------------------------------------------------------------------
-def _backends():
-    out = ["numpy", "cpu"]
-    try:
-        from bitformat.runtime.wgpu.device import GpuDevice
-
-        GpuDevice()
-        out.append("wgpu")
-    except Exception:  # no adapter here
-        pass
-    return out
-
-
 @pytest.mark.parametrize("fam, fid", [("llama", "tq2_0"), ("qwen3", "tq2_0"),
                                       ("1bitllm", "i2_s"), ("qwen3", "q2_0")])
 def test_greedy_tokens_agree_on_every_backend(folders, fam, fid, tmp_path):
@@ -296,7 +285,7 @@ def test_greedy_tokens_agree_on_every_backend(folders, fam, fid, tmp_path):
     src = tmp_path / f"m.{fid}"
     convert(folders[fam], src, fid)
     tokens = {}
-    for be in _backends():
+    for be in runtime_backends():
         with load(src, backend=be) as m:
             tokens[be] = m.generate(PROMPTS[3], max_new_tokens=8, temperature=0,
                                     stop_ids=[]).tokens
