@@ -24,10 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..constants import ROW_META_BYTES, FileType, GGMLType
-from ..errors import InvalidTritError
 from ..ternary import TernaryTensor
 from .iq2_bn import QK, RowScaled
-from .tq1_0 import ENCODE_LUT, VALID_QS
+from .tq1_0 import ENCODE_LUT, VALID_QS, check_digit_bytes
 
 BLOCK_BYTES = 13
 META = ROW_META_BYTES[GGMLType.IQ1_BN]  # 2: the row's f16 scale
@@ -61,15 +60,8 @@ class IQ1BN(RowScaled):
         d, body = self.split_rows(raw, rows, cols, path, name)
         blocks = body.reshape(-1, BLOCK_BYTES)
         per_row = cols // QK
-        for lo, hi, valid, what in ((0, 12, VALID_QS, "five"), (12, 13, VALID_EXTRA, "four")):
-            part = blocks[:, lo:hi]
-            ok = valid[part]
-            if not ok.all():
-                b, k = divmod(int(np.flatnonzero(~ok.reshape(-1))[0]), hi - lo)
-                r, blk = divmod(b, per_row)
-                raise InvalidTritError(
-                    f"byte {lo + k} = {int(part[b, k]):#04x} of block {blk} in row {r} is not "
-                    f"an encoding of {what} trits", path=path, tensor=name)
+        check_digit_bytes(blocks, ((0, 12, VALID_QS, "five"), (12, 13, VALID_EXTRA, "four")),
+                          per_row, path, name)
         trits = np.empty((blocks.shape[0], QK), dtype=np.int8)
         for j in range(5):  # digit j: multiplier 3^(4-j)
             q = blocks[:, :12] * np.uint8(3 ** (4 - j))  # wraps mod 256 on purpose

@@ -46,6 +46,22 @@ VALID_QH = np.zeros(256, dtype=bool)
 VALID_QH[ENCODE_LUT[::3]] = True
 
 
+def check_digit_bytes(blocks: np.ndarray, spans, per_row: int, path: str | None,
+                      name: str | None) -> None:
+    """Refuse the first byte of ``blocks`` [n, block bytes] that is not a base-3 encoding:
+    ``spans`` are (first byte, end, table of valid bytes, "five"/"four" trits per byte); the
+    error names the byte, the block and the row (``per_row`` blocks a row)."""
+    for lo, hi, valid, what in spans:
+        part = blocks[:, lo:hi]
+        ok = valid[part]
+        if not ok.all():
+            b, k = divmod(int(np.flatnonzero(~ok.reshape(-1))[0]), hi - lo)
+            r, blk = divmod(b, per_row)
+            raise InvalidTritError(
+                f"byte {lo + k} = {int(part[b, k]):#04x} of block {blk} in row {r} is not "
+                f"an encoding of {what} trits", path=path, tensor=name)
+
+
 def pack_blocks(codes: np.ndarray) -> np.ndarray:
     """uint8 codes ``(n_blocks, 256)`` -> ``qs`` + ``qh`` bytes ``(n_blocks, 52)``."""
     nb = codes.shape[0]
@@ -116,16 +132,8 @@ class TQ10(TernaryFormat):
             b = int(np.flatnonzero(bad)[0])
             raise InvalidScaleError(f"block d is {float(d.flat[b])} at row {b // per_row}, "
                                     f"block {b % per_row}", path=path, tensor=name)
-        for lo, hi, valid, what in ((0, QS_BYTES, VALID_QS, "five"),
-                                    (QS_BYTES, D_AT, VALID_QH, "four")):
-            part = blocks[:, lo:hi]
-            ok = valid[part]
-            if not ok.all():
-                b, k = divmod(int(np.flatnonzero(~ok.reshape(-1))[0]), hi - lo)
-                r, blk = divmod(b, per_row)
-                raise InvalidTritError(
-                    f"byte {lo + k} = {int(part[b, k]):#04x} of block {blk} in row {r} is not "
-                    f"an encoding of {what} trits", path=path, tensor=name)
+        check_digit_bytes(blocks, ((0, QS_BYTES, VALID_QS, "five"),
+                                   (QS_BYTES, D_AT, VALID_QH, "four")), per_row, path, name)
         trits = unpack_blocks(blocks)
         return TernaryTensor(trits.reshape(rows, cols), d.reshape(rows, per_row), QK,
                              name or "")
