@@ -378,3 +378,30 @@ def test_inspect_names_family_and_head(folders, fam, words):
     line = next(x for x in res.output.splitlines() if x.strip().startswith("family"))
     assert all(w in line for w in words), line
     assert "output.weight" in res.output  # the LM head line names the untied head
+
+
+def test_i2_s_rows_that_start_mid_block_load_and_run(tmp_path):
+    """1bitLLM bitnet_b1_58-3B's FFN width, 8640, is not a multiple of i2_s's 128-value block
+    (ffn_down's rows start mid-block; i2_s blocks run over the flat tensor). The reader
+    refused such files; here a tiny 1bitLLM with FFN 320 (2.5 blocks a row) loads, runs with
+    the same greedy tokens on every backend and goes to HF and back byte-identical."""
+    import dataclasses
+
+    from bitformat.gguf_io import GGUFReader
+    from bitformat.synth import PRESETS, synth
+
+    p = dataclasses.replace(PRESETS["tiny-1bitllm"], name="tiny-1bitllm-ffn320", ffn=320)
+    path = synth(p, tmp_path / "m.gguf")
+    with GGUFReader(path) as r:
+        assert r.tensors["blk.0.ffn_down.weight"].shape == (256, 320)
+    runs = {}
+    for backend in runtime_backends():
+        with load(path, backend=backend) as m:
+            runs[backend] = m.generate([1, 2, 3], max_new_tokens=5, temperature=0,
+                                       stop_ids=[]).tokens
+    assert len(set(map(tuple, runs.values()))) == 1, runs
+    convert(path, tmp_path / "hf", "hf")
+    convert(tmp_path / "hf", tmp_path / "back.gguf", "i2_s")
+    with GGUFReader(path) as a, GGUFReader(tmp_path / "back.gguf") as b:
+        for name in a.tensors:
+            assert bytes(a.raw(name)) == bytes(b.raw(name)), name
