@@ -450,3 +450,37 @@ def test_inspect_says_llama3_is_assumed_without_a_pre_tokenizer(tiny_gguf, tmp_p
     res = CliRunner().invoke(cli, ["inspect", str(tmp_path / "nopre.gguf")])
     assert res.exit_code == 0, res.output
     assert "gpt2 (llama-bpe)" in res.output and "assumed" in res.output, res.output[:2000]
+
+
+def test_rows_off_the_chunk_are_padded_with_the_same_sums(tmp_path, monkeypatch):
+    """With the vnni kernels, a per-tensor-scale matrix whose rows are not whole 256-weight
+    chunks (1bitLLM 3B: 3200, 8640) runs as zero-padded stfma rows (AMX for prompts, no
+    scalar tail): the logits of a prompt (20 rows) and of decode steps equal the unpadded
+    path's."""
+    import dataclasses
+
+    from bitformat.runtime.cpu import backend as cpu_backend
+    from bitformat.runtime.cpu.kernels import kernel_mode
+    from bitformat.synth import PRESETS, synth
+
+    if kernel_mode() != "vnni":
+        pytest.skip("padding applies to the vnni kernels")
+    p = dataclasses.replace(PRESETS["tiny-1bitllm"], name="tiny-ffn320", ffn=320, hidden=384,
+                            heads=6, kv_heads=6)
+    path = synth(p, tmp_path / "m.gguf")
+    prompt = list(range(3, 23))
+
+    def run():
+        with load(path, backend="cpu") as m:
+            kinds = {w.encoding for blk in m.net.blocks for w in blk.proj.values()}
+            cache = m.net.new_cache(len(prompt) + 3)
+            out = [m.net.forward(prompt, cache)]
+            out += [m.net.forward([t], cache) for t in (5, 6, 7)]
+            return kinds, np.concatenate(out)
+
+    kinds, padded = run()
+    assert kinds == {"stfma"}  # 384 and 320 columns: every matrix padded
+    monkeypatch.setattr(cpu_backend, "PADDED", ())
+    kinds, plain = run()
+    assert "i2_s" in kinds
+    np.testing.assert_allclose(padded, plain, rtol=0, atol=1e-5)
