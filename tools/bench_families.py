@@ -230,6 +230,20 @@ def render(rows: list[dict], bw: list[float], a, elapsed: float, synth_s: dict) 
     diff = [r["preset"] for r in rows if not r["same_ids"]]
     out += ["", "Greedy token ids: identical across every round and both heads for "
             + (f"every model except {', '.join(diff)}." if diff else "every model.")]
+    ratios = [f"{r['preset']} {h['screened']['decode'] / h['full']['decode']:.2f}x"
+              for r in rows if {"screened", "full"} <= set(h := r["heads"])]
+    if ratios:
+        out += ["", "Screened / full head, decode: " + ", ".join(ratios) + "."]
+    out += ["", "Notes. Every preset carries synth's byte-level BPE tokenizer (Llama 3's "
+            "pre-tokenizer) at its family's vocabulary size, not the family's own "
+            "(1bitLLM's SentencePiece, Falcon3's, Qwen's): the tokenizer only sets the prompt's "
+            "token ids, not the work a token takes. bonsai-8b's embedding and head are q2_0 "
+            "blocks, which the screened head does not cover (it bounds float heads), so it "
+            "runs the full q2_0 head, a compute-bound numba kernel (section \"Ternary Bonsai's "
+            "q2_0 LM head\": about 70 ms of the step). 1bitllm-3b's rows (3200 and 8640 "
+            "weights) are not whole 256-weight chunks of the vnni kernels; the cpu backend "
+            "repacks them at load as zero-padded stfma rows (about 3 % more bytes read than "
+            "the bytes/token column, which counts the file's)."]
     return "\n".join(out) + "\n"
 
 
