@@ -183,8 +183,9 @@ def test_llama_cpp_runs_bitformats_q2_0(files):
     tokens, against the reference with ggml's roundings (module docstring): within ``TOL`` on
     at least 90 % of the steps; a step beyond it (an int8 or f16 rounding that float64 and
     ggml's float32 sums resolve apart; a float32 version of the reference had two such
-    steps, 0.03 off) stays within 0.15 and correlated above 0.999. The greedy tokens agree wherever the reference's top two
-    logits are further apart than twice that step's difference.
+    steps, 0.03 off) stays within 0.15 and correlated above 0.999. The greedy tokens agree
+    wherever the reference's top two logits are further apart than twice that step's
+    difference.
     """
     model, q2, _, _ = files
     llm = llama_cpp.Llama(str(q2), n_ctx=64, n_threads=2, flash_attn=False, verbose=False)
