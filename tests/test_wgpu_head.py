@@ -252,3 +252,35 @@ def test_head_stats_and_modes(wgpu_models, tiny_gguf):
         st = f.head_stats()
     assert st["head"] == "full" and st["head_bytes_per_step"] == st["full_head_bytes"]
     assert st["head_steps"] == 6
+
+
+@pytest.mark.parametrize("lanes,max_binding", CONFIGS)
+def test_the_rounding_term_is_load_bearing(devices, lanes, max_binding):
+    """Rows and a hidden state that int8 holds exactly (codes = values / 2^-7, x = q / 8):
+    the screen's ``a_v`` is then the exact dot product, and all that separates it from the
+    device's logit is the device's f32 rounding (partial sums past 2^14 round odd products).
+    The bound must hold there, and without its rounding term it would not."""
+    rng = np.random.default_rng(11)
+    V, dim = 64, 4096
+    c = rng.integers(100, 128, (V, dim))
+    c[:, 0] = 127  # every row's max: d = 2^-7 exactly
+    q = rng.integers(100, 128, dim)
+    q[0] = 127  # s = 8 exactly: q1 = q, q2 = 0
+    E = c * 2.0 ** -7
+    x = (q * 2.0 ** -3).astype(np.float32)[None, :]
+    be = wgpu_head_backend(devices(lanes, max_binding), E, "F16")
+    t = be.screen_tables()
+    xq, par = t.prepare(x)
+    assert not xq[0, 1].any() and np.array_equal(xq[0, 0, :dim], q)
+    lo, hi = be.head_bounds(t, xq, par)
+    exact = (c @ q) * 2.0 ** -10  # int64 sums, exact in float64
+    a = (lo + hi) / 2
+    np.testing.assert_allclose(a[0], exact, rtol=1e-14)
+    got = be.lm_head(x)[0].astype(np.float64)
+    assert (got != exact).any()  # the device rounded
+    assert ((lo[0] <= got) & (got <= hi[0])).all()
+    bare = EH.ScreenTables.build(t.codes, t.scale, *(np.zeros(V) for _ in range(2)),
+                                 np.zeros(V), np.zeros(V, bool), dim, 0, 2.0 ** -23)
+    blo, bhi = EH.bounds_numpy(bare, xq, par)  # no rounding term (and no int8 error: none)
+    assert ((got < blo[0]) | (got > bhi[0])).any()
+    assert Head(be, "screened", check=True).select(x, [Sampler()]) == [int(np.argmax(got))]
