@@ -4,8 +4,8 @@ For each container the model is converted (into a temporary folder unless ``keep
 on the backend, given a fixed prompt (:data:`PROMPT_IDS`) and one untimed warm-up decode step,
 and then ``tokens`` greedy decode steps are timed. Per token and per kernel class it reports
 the bytes read, the milliseconds and the effective GB/s; per container the totals and decode
-tokens/s. On cpu the same steps run again with the screened LM head (``screened``: the same
-tokens, its head bytes and time; :mod:`.runtime.exact_head`).
+tokens/s. The same steps then run again with the screened LM head (``screened``: the same
+tokens, its head bytes and time; :mod:`.runtime.exact_head`), on cpu and on wgpu.
 
 Bytes are what a step reads (every class reads its tensors once per token, as
 :class:`~.runtime.loader.LoadedModel` counts them): the container's own bytes, except where the
@@ -87,7 +87,7 @@ class ContainerBench:
     tokens: list[int] = field(default_factory=list)  # the greedy tokens of the timed steps
     detail: dict[str, Any] | None = None  # wgpu: the raw profile (its own per-kind bytes)
     decode: str = ""  # rans: "load" or "fused" (see the module docstring)
-    #: cpu: the same steps with the screened head (:mod:`.runtime.exact_head`): tokens_per_s,
+    #: the same steps with the screened head (:mod:`.runtime.exact_head`): tokens_per_s,
     #: ms_per_token, head_ms, head_bytes and bytes_per_token per step, candidates (mean, max)
     #: and whether its tokens equal the full head's
     screened: dict[str, Any] | None = None
@@ -213,7 +213,8 @@ def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
 
 
 def _run_screened(net: Any, prompt: list[int], tokens: int, want: list[int]) -> dict[str, Any]:
-    """The timed steps of :func:`_run_cpu` again, choosing tokens with the screened head."""
+    """The timed steps of :func:`_run_cpu` or :func:`_run_wgpu` again, choosing tokens with
+    the screened head."""
     from .runtime.models import Segment
     from .runtime.sampling import Sampler
 
@@ -244,14 +245,17 @@ def _run_screened(net: Any, prompt: list[int], tokens: int, want: list[int]) -> 
 
 def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: int,
               decode: str = "load"
-              ) -> tuple[dict[str, float], float, list[int], float, dict[str, Any]]:
-    """The same on the GPU; class seconds are one profiled step at the mean length."""
+              ) -> tuple[dict[str, float], float, list[int], float, dict[str, Any],
+                         dict[str, Any] | None]:
+    """The same on the GPU; class seconds are one profiled step at the mean length. The
+    screened head's steps run after the profile (None where the head cannot screen)."""
     from .runtime.wgpu.backend import WgpuBackend
     from .runtime.wgpu.network import WgpuBitNet
 
     n = len(prompt) + 1 + tokens
     t0 = time.perf_counter()
-    net = WgpuBitNet(_args(model), WgpuBackend(model, device=dev, context=n, decode=decode))
+    net = WgpuBitNet(_args(model), WgpuBackend(model, device=dev, context=n, decode=decode),
+                     head="screened")
     load_s = time.perf_counter() - t0
     cache = net.new_cache(n)
     tok = net.forward_argmax(prompt, cache)
@@ -268,7 +272,8 @@ def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: i
     for kind, k in prof["kinds"].items():
         key = "ternary" if kind.startswith("matvec") else GPU_CLASS.get(kind, "other")
         secs[key] += k["seconds"]
-    return secs, wall, out, load_s, prof
+    screened = None if net.head.unavailable else _run_screened(net, prompt, tokens, out)
+    return secs, wall, out, load_s, prof, screened
 
 
 def run_bench(path: str | os.PathLike, backend: str = "cpu",
@@ -350,9 +355,8 @@ def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int]
                 target, prompt, tokens, threads, i2s_variant, decode or "load")
             per_class = {k: v / tokens for k, v in secs.items()}
         else:
-            screened = None
-            per_class, wall, out, load_s, detail = _run_wgpu(model, dev, prompt, tokens,
-                                                             repeats, decode or "load")
+            per_class, wall, out, load_s, detail, screened = _run_wgpu(
+                model, dev, prompt, tokens, repeats, decode or "load")
             result.timing = detail["clock"]
     classes = {k: {"bytes": nbytes[k], "ms": per_class[k] * 1e3,
                    "gbps": nbytes[k] / per_class[k] / 1e9 if per_class[k] > 0 else 0.0}
