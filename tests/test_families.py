@@ -384,7 +384,8 @@ def test_i2_s_rows_that_start_mid_block_load_and_run(tmp_path):
     """1bitLLM bitnet_b1_58-3B's FFN width, 8640, is not a multiple of i2_s's 128-value block
     (ffn_down's rows start mid-block; i2_s blocks run over the flat tensor). The reader
     refused such files; here a tiny 1bitLLM with FFN 320 (2.5 blocks a row) loads, runs with
-    the same greedy tokens on every backend and goes to HF and back byte-identical."""
+    the same greedy tokens on every backend and goes through every container that holds it
+    (all but tq2_0/tq1_0, which refuse by name) and back byte-identical."""
     import dataclasses
 
     from bitformat.gguf_io import GGUFReader
@@ -400,11 +401,20 @@ def test_i2_s_rows_that_start_mid_block_load_and_run(tmp_path):
             runs[backend] = m.generate([1, 2, 3], max_new_tokens=5, temperature=0,
                                        stop_ids=[]).tokens
     assert len(set(map(tuple, runs.values()))) == 1, runs
-    convert(path, tmp_path / "hf", "hf")
-    convert(tmp_path / "hf", tmp_path / "back.gguf", "i2_s")
-    with GGUFReader(path) as a, GGUFReader(tmp_path / "back.gguf") as b:
-        for name in a.tensors:
-            assert bytes(a.raw(name)) == bytes(b.raw(name)), name
+    from bitformat.errors import ShapeError
+
+    for fid in (*FORMAT_IDS, "hf"):
+        out = tmp_path / (fid if fid == "hf" else f"m.{fid}.gguf")
+        if fid in ("tq2_0", "tq1_0"):  # 256-value blocks cannot hold rows of 320
+            with pytest.raises(ShapeError, match="ffn_down.*rows of a multiple of 256"):
+                convert(path, out, fid)
+            continue
+        if fid != "i2_s":
+            convert(path, out, fid)
+            convert(out, tmp_path / "back.gguf", "i2_s")
+            with GGUFReader(path) as a, GGUFReader(tmp_path / "back.gguf") as b:
+                for name in a.tensors:
+                    assert bytes(a.raw(name)) == bytes(b.raw(name)), (fid, name)
 
 
 @pytest.mark.parametrize("preset, embedding, family, head", [
