@@ -13,11 +13,11 @@ the logits agree to about 1e-6 over 40 steps.
 Why a plain float64 reference (with Q8_0 activations only) diverged at step 8: this tiny
 random model's attention scores are in the hundreds (softmax one-hot in almost every head),
 and at step 8 layer 1 head 0 the two largest scores are only 0.41 apart (top probability
-0.60). The relative 1e-3 rounding of f16 Q and K moves the scores by that much, so llama.cpp
-weights the two positions differently and the logits move by up to 1.0 (correlation 0.97).
-Not a difference in the model's computation and not in bitformat's bytes (llama-quantize
-writes the same ones): a near-tie inside attention, which ggml's f16 attention resolves
-differently from float64.
+0.60). f16 rounding of Q and K (relative 5e-4) moves scores of several hundred by about that
+much, so llama.cpp weights the two positions differently and the logits move by up to 1.0
+(correlation 0.97). Not a difference in the model's computation and not in bitformat's bytes
+(llama-quantize writes the same ones): a near-tie inside attention, which ggml's f16
+attention resolves differently from float64.
 """
 
 from __future__ import annotations
