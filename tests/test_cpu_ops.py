@@ -6,6 +6,8 @@
 * One-token attention (RoPE, KV-cache write, softmax over the cache) against
   :func:`bitformat.runtime.backend.rope` and ``attention`` in float64: only summation order
   differs, so the float32 result must be within a few float32 ulps of the exact one.
+* A decode step in one compiled call (:mod:`bitformat.runtime.cpu.decode`) gives the hidden
+  states and KV caches of the layer-by-layer path bit for bit, step after step.
 * Matrices stacked by rows (q, k, v; gate, up) give, bit for bit, the separate products, and
   every matrix the kernels read is a copy of the container's bytes in one arena.
 """
@@ -20,6 +22,7 @@ from bitformat.formats import FORMAT_IDS
 from bitformat.runtime.backend import attention, quantize_activations, relu2_glu, rms_norm, rope
 from bitformat.runtime.cpu import ops
 from bitformat.runtime.models import INPUT_GROUPS
+from bitformat.runtime.models.base import Segment
 
 SHAPES = [(1, 2560), (3, 256), (2, 100), (1, 6912)]
 
@@ -112,3 +115,33 @@ def test_weights_are_arena_copies_of_container_bytes(cpu_models, tiny_containers
                 assert np.shares_memory(w.data, arena) and not w.data.flags.writeable
                 assert w.data.ctypes.data % 64 == 0  # every matrix starts on a cache line
                 np.testing.assert_array_equal(w.data.reshape(-1), raw[: w.data.size])
+
+
+@pytest.mark.parametrize("fid", ["i2_s", "stfma", "rans", "tq2_0"])
+def test_decode_row_same_bits_as_layer_by_layer(cpu_models, fid):
+    """The one-call decode step (where the backend has a plan) against the same network run
+    layer by layer: hidden states and both KV caches equal after every one of 40 steps."""
+    net = cpu_models[fid].net
+    plan = net._decode_plan()
+    if fid == "tq2_0":  # not a 2-bit slot layout: no plan, the layer-by-layer path runs
+        assert plan is None
+        return
+    if cpu_models[fid].backend.kernel != "vnni":
+        pytest.skip("the one-call step needs the vnni kernels")
+    assert plan is not None
+    fused, layered = net.new_cache(64), net.new_cache(64)
+    rng = np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(0, net.args.vocab_size, 5)]
+    net.forward_hidden([Segment(prompt, fused)])
+    net.forward_hidden([Segment(prompt, layered)])
+    for step in range(40):
+        tok = int(rng.integers(0, net.args.vocab_size))
+        a = net.forward_hidden([Segment([tok], fused)])
+        net._plan = None
+        try:
+            b = net.forward_hidden([Segment([tok], layered)])
+        finally:
+            net._plan = plan
+        np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+        np.testing.assert_array_equal(fused.k, layered.k, err_msg=f"k cache, step {step}")
+        np.testing.assert_array_equal(fused.v, layered.v, err_msg=f"v cache, step {step}")

@@ -39,6 +39,7 @@ from ..backend import (
 )
 from . import amx as A
 from . import batch as B
+from . import decode as D
 from . import head as H
 from . import kernels as K
 from . import ops
@@ -318,6 +319,22 @@ class CpuBackend(Backend):
         out = np.empty((1, q.shape[1] * q.shape[2]), np.float32)
         ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
         return out
+
+    def decode_plan(self, net) -> D.Plan | None:
+        """What :meth:`decode_row` needs to run ``net`` (a :class:`.models.base.Transformer`)
+        one token at a time in one compiled call, or None where it does not apply
+        (:mod:`.decode`: the vnni kernels, stacked 2-bit matrices in the arena, BitNet's
+        layer)."""
+        return D.Plan.of(net, self) if self.kernel == "vnni" else None
+
+    def decode_row(self, plan: D.Plan, h: np.ndarray, cache, pos: int, cos: np.ndarray,
+                   sin: np.ndarray) -> None:
+        """One token through every layer of ``plan``'s network (:func:`.decode.decode_row`):
+        ``h`` [1, dim] its embedding, replaced by the last layer's output; k and v stored in
+        ``cache`` at ``pos``."""
+        self._call(D.decode_row, plan.nbytes, self._arena.buf, plan.mats, plan.ws,
+                   plan.gains, plan.eps, plan.lane, plan.heads, cache.k, cache.v, pos, cos,
+                   sin, h)
 
     def attend_tokens(self, q, k, v, caches, cos, sin, out) -> None:
         """Row t of a decode step (one token per request) by :meth:`attend` on ``caches[t]``

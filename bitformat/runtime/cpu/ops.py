@@ -127,6 +127,24 @@ def _mix(p, vc, j, n, out):
 
 
 @njit(cache=True)
+def _head(qh, cos, sin, kc, vc, j, n, scale, out):
+    """Head ``qh`` [d] of a token at position n - 1 against kv head j of positions 0..n-1 of
+    ``kc``/``vc`` [len, KV, d]: RoPE, scaled scores, softmax, weighted sum into ``out`` [d]."""
+    d = qh.shape[0]
+    qr = np.empty(d, np.float32)
+    p = np.empty(n, np.float32)
+    _rope(qh, cos, sin, qr)
+    top = _scores(qr, kc, j, n, scale, p)
+    total = np.float32(0.0)
+    for t in range(n):
+        p[t] = np.exp(p[t] - top)
+        total += p[t]
+    for t in range(n):
+        p[t] = p[t] / total
+    _mix(p, vc, j, n, out)
+
+
+@njit(cache=True)
 def attend_one(q, k, v, cos, sin, kc, vc, pos, out):
     """One token at position ``pos``: RoPE on q [H, d] and k [KV, d], k and v [KV, d] stored
     at ``kc/vc[pos]``, then causal GQA attention over positions 0..pos into ``out`` [H * d].
@@ -138,19 +156,7 @@ def attend_one(q, k, v, cos, sin, kc, vc, pos, out):
     for j in range(KV):
         _rope(k[j], cos, sin, kc[pos, j])
         vc[pos, j, :] = v[j]
-    n = pos + 1
     scale = np.float32(1.0 / math.sqrt(d))
-    qr = np.empty(d, np.float32)
-    p = np.empty(n, np.float32)
     group = H // KV
     for h in range(H):
-        j = h // group
-        _rope(q[h], cos, sin, qr)
-        top = _scores(qr, kc, j, n, scale, p)
-        total = np.float32(0.0)
-        for t in range(n):
-            p[t] = np.exp(p[t] - top)
-            total += p[t]
-        for t in range(n):
-            p[t] = p[t] / total
-        _mix(p, vc, j, n, out[h * d: (h + 1) * d])
+        _head(q[h], cos, sin, kc, vc, h // group, pos + 1, scale, out[h * d: (h + 1) * d])

@@ -292,6 +292,16 @@ class Transformer:
         self.inv_freq = 1.0 / args.rope_theta ** (np.arange(0, d, 2) / d)  # [d/2], float64
         self.hf_order = np.argsort(interleave_order(d)) if fam.permuted_qk else None
 
+    _plan: Any = False  # the backend's plan for a one-token step, once asked (None: none)
+
+    def _decode_plan(self) -> Any:
+        """The backend's plan to run one token through every layer in one call
+        (``decode_plan``/``decode_row``, the cpu backend), or None."""
+        if self._plan is False:
+            make = getattr(self.be, "decode_plan", None)
+            self._plan = make(self) if make is not None else None
+        return self._plan
+
     def new_cache(self, max_len: int) -> KVCache:
         return KVCache(self.args, max_len, self.be.dtype)
 
@@ -356,6 +366,13 @@ class Transformer:
         a = self.args
         rows = Rows.of(segments, a, self.be.dtype, self.inv_freq)
         eps, hd, n = a.norm_eps, a.head_dim, rows.n
+        if n == 1 and activation_hook is None and self._decode_plan() is not None:
+            # one token: every layer in one backend call, the same arithmetic
+            h = np.array(self.be.embed(rows.ids), self.be.dtype, order="C")
+            _, cache, start = rows.spans[0]
+            self.be.decode_row(self._plan, h, cache, start, rows.cos[0], rows.sin[0])
+            rows.advance()
+            return rms_norm(h, self.norm, eps)
         h = self.be.embed(rows.ids)  # [n, dim]
         for i, blk in enumerate(self.blocks):
             x = self._quant(h, blk.attn_norm)
