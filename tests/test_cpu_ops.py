@@ -87,6 +87,34 @@ def test_attend_one_matches_numpy(heads, kv, d, pos):
     assert np.abs(out - want).max() < 1e-5 * np.abs(want).max()
 
 
+def test_attend_rows_same_bits_as_attend_one():
+    """A decode step's tokens in one call, each on its own cache (other lengths, positions,
+    layers), give attend_one's bits and cache writes, and touch nothing else."""
+    rng = np.random.default_rng(11)
+    layers, heads, kv, d = 3, 8, 2, 32
+    lens, pos = [40, 7, 64, 41], [39, 0, 12, 25]
+    T, layer = len(lens), 1
+    caches = [(rng.standard_normal((layers, n, kv, d)).astype(np.float32),
+               rng.standard_normal((layers, n, kv, d)).astype(np.float32)) for n in lens]
+    before = [(kc.copy(), vc.copy()) for kc, vc in caches]
+    q = rng.standard_normal((T, heads, d)).astype(np.float32)
+    k = rng.standard_normal((T, kv, d)).astype(np.float32)
+    v = rng.standard_normal((T, kv, d)).astype(np.float32)
+    inv = 1.0 / 500000.0 ** (np.arange(0, d, 2) / d)
+    ang = (np.array(pos)[:, None] * inv).astype(np.float32)
+    cos, sin = np.cos(ang), np.sin(ang)
+    out = np.full((T, heads * d), np.nan, np.float32)
+    addr = [np.array([c[i].ctypes.data for c in caches], np.int64) for i in (0, 1)]
+    ops.attend_rows(q, k, v, cos, sin, *addr, np.array(lens, np.int64),
+                    np.array(pos, np.int64), layer, out)
+    for t, ((kc, vc), (kb, vb)) in enumerate(zip(caches, before, strict=True)):
+        want = np.empty(heads * d, np.float32)
+        ops.attend_one(q[t], k[t], v[t], cos[t], sin[t], kb[layer], vb[layer], pos[t], want)
+        np.testing.assert_array_equal(out[t], want, err_msg=f"token {t}")
+        np.testing.assert_array_equal(kc, kb, err_msg=f"k cache of token {t}")
+        np.testing.assert_array_equal(vc, vb, err_msg=f"v cache of token {t}")
+
+
 @pytest.mark.parametrize("fid", FORMAT_IDS)
 def test_stacked_projections_equal_separate(cpu_models, fid):
     lm = cpu_models[fid]

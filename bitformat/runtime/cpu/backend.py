@@ -336,12 +336,20 @@ class CpuBackend(Backend):
                    plan.gains, plan.eps, plan.lane, plan.heads, cache.k, cache.v, pos, cos,
                    sin, h)
 
-    def attend_tokens(self, q, k, v, caches, cos, sin, out) -> None:
-        """Row t of a decode step (one token per request) by :meth:`attend` on ``caches[t]``
-        = (its layer's k cache, v cache, position), without a call per row from the model."""
-        attend_one = ops.attend_one
-        for t, (kc, vc, start) in enumerate(caches):
-            attend_one(q[t], k[t], v[t], cos[t], sin[t], kc, vc, start, out[t])
+    def attend_tokens(self, q, k, v, layer: int, rows, out) -> None:
+        """Row t of a decode step (one token per request, ``rows`` a
+        :class:`.models.base.Rows`) as :meth:`attend` on its own cache, every row of layer
+        ``layer`` in one call (:func:`.ops.attend_rows`)."""
+        kv = rows.derived.get("kv")
+        if kv is None:  # the caches' addresses, once per step
+            caches = [(c, start) for _, c, start in rows.spans]
+            if not all(c.k.flags.c_contiguous and c.v.flags.c_contiguous
+                       and c.k.dtype == np.float32 == c.v.dtype for c, _ in caches):
+                raise RequestError("KV caches must be C-contiguous float32 arrays")
+            kv = rows.derived["kv"] = tuple(np.array(x, np.int64) for x in zip(
+                *[(c.k.ctypes.data, c.v.ctypes.data, c.k.shape[1], start) for c, start in caches],
+                strict=True))
+        ops.attend_rows(q, k, v, rows.cos, rows.sin, *kv, layer, out)
 
     def _call(self, kernel, nbytes: int, *args) -> None:
         """Run a kernel on all ``self.threads`` cores or on this thread alone.

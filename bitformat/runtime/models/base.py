@@ -6,7 +6,7 @@ decoder itself (:class:`Transformer`), which each family's module configures
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -147,6 +147,7 @@ class Rows:
     cos: np.ndarray  # [n, head_dim / 2], RoPE at each row's position
     sin: np.ndarray
     last: np.ndarray  # the row index of each segment's last token
+    derived: dict[str, Any] = field(default_factory=dict)  # what a backend derives once a step
 
     @property
     def n(self) -> int:
@@ -191,8 +192,7 @@ class Rows:
         out = np.empty((self.n, q.shape[1] * q.shape[2]), q.dtype)
         ones = getattr(be, "attend_tokens", None)
         if ones is not None and self.n == len(self.spans):  # a decode step: a token each
-            ones(q, k, v, [(c.k[layer], c.v[layer], start) for _, c, start in self.spans],
-                 self.cos, self.sin, out)
+            ones(q, k, v, layer, self, out)
             return out
         for sl, cache, start in self.spans:
             out[sl] = be.attend(q[sl], k[sl], v[sl], cache.k[layer], cache.v[layer], start,
