@@ -86,7 +86,9 @@ def test_cpu_json_bytes_times_and_plot(tiny_gguf, tmp_path):
         check_container(c, res)
         assert c["load_s"] > 0
         # the class times are the step's wall time cut into parts
-        assert c["kernel_ms"] == pytest.approx(c["ms_per_token"], rel=1e-6)
+        # the classes come from the same steps run layer by layer (the fast path is one
+        # compiled call a token): they add up to that run's step, not to ms_per_token
+        assert c["kernel_ms"] == pytest.approx(sum(v["ms"] for v in c["classes"].values()))
         with open_model(c["path"]) as m:
             assert m.container == c["format"]
         assert c["file_bytes"] == (tiny_gguf if c["format"] == "i2_s" else keep /
