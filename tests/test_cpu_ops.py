@@ -173,3 +173,35 @@ def test_decode_row_same_bits_as_layer_by_layer(cpu_models, fid):
         np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
         np.testing.assert_array_equal(fused.k, layered.k, err_msg=f"k cache, step {step}")
         np.testing.assert_array_equal(fused.v, layered.v, err_msg=f"v cache, step {step}")
+
+
+@pytest.mark.parametrize("fid", ["i2_s", "stfma"])
+def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid):
+    """A batched decode step in one call (AMX tiles, :func:`decode.decode_rows`) against the
+    same step layer by layer: hidden states and every request's caches equal, 12 steps of 5
+    requests whose caches have different lengths and positions."""
+    lm = cpu_models[fid]
+    net, be = lm.net, lm.backend
+    plan = net._decode_plan()
+    if plan is None or not (be.amx and plan.amx):
+        pytest.skip("no AMX tiles here, or rows that are not whole 64-byte chunks")
+    rng = np.random.default_rng(9)
+    V = net.args.vocab_size
+    fused = [net.new_cache(40 + 3 * i) for i in range(5)]
+    layered = [net.new_cache(40 + 3 * i) for i in range(5)]
+    for i, (a, b) in enumerate(zip(fused, layered, strict=True)):
+        prompt = [int(t) for t in rng.integers(0, V, 2 + i)]
+        net.forward_hidden([Segment(prompt, a)])
+        net.forward_hidden([Segment(prompt, b)])
+    for step in range(12):
+        toks = [int(t) for t in rng.integers(0, V, 5)]
+        x = net.forward_hidden([Segment([t], c) for t, c in zip(toks, fused, strict=True)])
+        net._plan = None
+        try:
+            y = net.forward_hidden([Segment([t], c) for t, c in zip(toks, layered, strict=True)])
+        finally:
+            net._plan = plan
+        np.testing.assert_array_equal(x, y, err_msg=f"step {step}")
+        for a, b in zip(fused, layered, strict=True):
+            np.testing.assert_array_equal(a.k, b.k, err_msg=f"k cache, step {step}")
+            np.testing.assert_array_equal(a.v, b.v, err_msg=f"v cache, step {step}")

@@ -371,10 +371,29 @@ class CpuBackend(Backend):
                    plan.gains, plan.eps, plan.lane, plan.heads, cache.k, cache.v, pos, cos,
                    sin, h)
 
+    def decode_rows(self, plan: D.Plan, h: np.ndarray, rows) -> bool:
+        """A batched decode step (row t of ``h`` [T, dim] the embedding of request t's token,
+        ``rows`` a :class:`.models.base.Rows` of one token per request) through every layer in
+        one call on AMX tiles (:func:`.decode.decode_rows`), ``h`` replaced by the outputs.
+        False (nothing done) where that does not apply."""
+        T = h.shape[0]
+        if not (self.amx and plan.amx and 2 <= T <= A.MAX_TOKENS):
+            return False
+        self._call(D.decode_rows, plan.nbytes, self._arena.buf, plan.mats, plan.ws, plan.gains,
+                   plan.eps, plan.lane, plan.heads, A.tile_config(T), *self._kv_table(rows),
+                   rows.cos, rows.sin, plan.kv_heads, plan.head_dim, h)
+        return True
+
     def attend_tokens(self, q, k, v, layer: int, rows, out) -> None:
         """Row t of a decode step (one token per request, ``rows`` a
         :class:`.models.base.Rows`) as :meth:`attend` on its own cache, every row of layer
         ``layer`` in one call (:func:`.ops.attend_rows`)."""
+        ops.attend_rows(q, k, v, rows.cos, rows.sin, *self._kv_table(rows), layer, out)
+
+    @staticmethod
+    def _kv_table(rows) -> tuple[np.ndarray, ...]:
+        """Each row's k and v cache addresses, cache lengths and positions (int64 [T] each),
+        once per step."""
         kv = rows.derived.get("kv")
         if kv is None:  # the caches' addresses, once per step
             caches = [(c, start) for _, c, start in rows.spans]
@@ -384,7 +403,7 @@ class CpuBackend(Backend):
             kv = rows.derived["kv"] = tuple(np.array(x, np.int64) for x in zip(
                 *[(c.k.ctypes.data, c.v.ctypes.data, c.k.shape[1], start) for c, start in caches],
                 strict=True))
-        ops.attend_rows(q, k, v, rows.cos, rows.sin, *kv, layer, out)
+        return kv
 
     def _call(self, kernel, nbytes: int, *args) -> None:
         """Run a kernel on all ``self.threads`` cores or on this thread alone.

@@ -24,10 +24,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange
 
-from .kernels import KIND_COLPACK, _dot2_vnni
-from .ops import _head, _norm_row, _quantize_row, _rope
+from .amx import mm2_amx_tokens
+from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni
+from .ops import _f32_at, _head, _norm_row, _quantize_row, _rope
 
 #: columns of :data:`Plan.mats`: each matrix's offset in the arena, rows, bytes per row, offset
 #: of its row scales in ``ws``, kernel kind
@@ -133,6 +134,118 @@ def _matvec(buf, mats, layer, which, q, s, ws, lane):
     return out
 
 
+
+@njit(cache=True)
+def _slots_rows(q, lane, cols, xg):
+    """:func:`_slots` for every row t of ``q`` into ``xg[t]``."""
+    bpr = xg.shape[2]
+    for t in range(q.shape[0]):
+        for g in range(4):
+            for m in range(bpr):
+                e = (m // lane) * 4 * lane + lane * g + m % lane
+                xg[t, g, m] = q[t, e] if e < cols else 0
+
+
+@njit(cache=True)
+def _tiles(xg, kind):
+    """:func:`.amx.tile_activations` (no padding) compiled: int8 ``xg`` [T, 4, bpr] -> int32
+    [bpr // 64, 4, 16, T], slot order reversed for i2_s."""
+    T, _, bpr = xg.shape
+    n = bpr // 64
+    out8 = np.empty((n, 4, 16, T, 4), np.int8)
+    for i in range(n):
+        for g in range(4):
+            src = 3 - g if kind == KIND_I2S else g
+            for k in range(16):
+                for t in range(T):
+                    for b in range(4):
+                        out8[i, g, k, t, b] = xg[t, src, i * 64 + 4 * k + b]
+    return out8.reshape(-1).view(np.int32).reshape((n, 4, 16, T))
+
+
+@njit(cache=True)
+def _matvec_rows(buf, mats, layer, which, q, s, ws, lane, cfg):
+    """:meth:`.backend.CpuBackend.bitlinear` of 2..16 rows on AMX tiles
+    (:func:`.amx.mm2_amx_tokens`, the same kernel and bits)."""
+    W = _weight(buf, mats, layer, which)
+    rows, bpr = W.shape
+    T = q.shape[0]
+    xg = np.empty((T, 4, bpr), np.int8)
+    _slots_rows(q, lane, q.shape[1], xg)
+    corr = np.empty(T, np.int32)
+    for t in range(T):
+        acc = np.int32(0)
+        for j in range(q.shape[1]):
+            acc += np.int32(q[t, j])
+        corr[t] = acc
+    kind = mats[layer, which, KIND]
+    w0 = mats[layer, which, WS]
+    out = np.empty((T, rows), np.float32)
+    mm2_amx_tokens(W, xg, _tiles(xg, kind), cfg, corr, s, ws[w0: w0 + rows], kind, out)
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _norm_quant_rows(x, gain, eps, q, s):
+    for t in prange(x.shape[0]):
+        y = np.empty(x.shape[1], np.float32)
+        _norm_row(x[t], gain, eps, y)
+        s[t] = _quantize_row(y, q, t)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos,
+                sin, KV, d, h):
+    """:func:`decode_row` for T = 2..16 tokens, each on its own cache (a batched decode step):
+    ``h`` float32 [T, dim] in place; token t's cache is a float32 array [layers, lens[t], KV,
+    d] at addresses ``kaddr[t]``/``vaddr[t]`` (:func:`.ops.attend_rows`), its position
+    ``pos[t]``, its RoPE ``cos[t]``/``sin[t]``. The mat-vecs run on AMX tiles (``cfg``:
+    :func:`.amx.tile_config` of T)."""
+    T, dim = h.shape
+    H = heads
+    group = H // KV
+    hidden = mats[0, GATE_UP, ROWS] // 2
+    scale = np.float32(1.0 / math.sqrt(d))
+    f32eps = np.float32(eps)
+    q8 = np.empty((T, dim), np.int8)
+    q8h = np.empty((T, hidden), np.int8)
+    s = np.empty(T, np.float32)
+    o = np.empty((T, dim), np.float32)
+    g = np.empty((T, hidden), np.float32)
+    for layer in range(mats.shape[0]):
+        _norm_quant_rows(h, gains[layer, 0, :dim], f32eps, q8, s)
+        y = _matvec_rows(buf, mats, layer, QKV, q8, s, ws, lane, cfg)
+        for t in range(T):
+            per = lens[t] * KV * d
+            kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
+            vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
+            for j in range(KV):
+                _rope(y[t, (H + j) * d: (H + j + 1) * d], cos[t], sin[t], kc[pos[t], j])
+                vc[pos[t], j, :] = y[t, (H + KV + j) * d: (H + KV + j + 1) * d]
+        for i in prange(T * H):
+            t, hh = i // H, i % H
+            per = lens[t] * KV * d
+            kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
+            vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
+            _head(y[t, hh * d: (hh + 1) * d], cos[t], sin[t], kc, vc, hh // group,
+                  pos[t] + 1, scale, o[t, hh * d: (hh + 1) * d])
+        _norm_quant_rows(o, gains[layer, 1, :dim], f32eps, q8, s)
+        y = _matvec_rows(buf, mats, layer, OUT, q8, s, ws, lane, cfg)
+        for t in range(T):
+            for j in range(dim):
+                h[t, j] = h[t, j] + y[t, j]
+        _norm_quant_rows(h, gains[layer, 2, :dim], f32eps, q8, s)
+        gu = _matvec_rows(buf, mats, layer, GATE_UP, q8, s, ws, lane, cfg)
+        for t in range(T):
+            for j in range(hidden):
+                a = max(gu[t, j], np.float32(0.0))
+                g[t, j] = a * a * gu[t, hidden + j]
+        _norm_quant_rows(g, gains[layer, 3, :hidden], f32eps, q8h, s)
+        y = _matvec_rows(buf, mats, layer, DOWN, q8h, s, ws, lane, cfg)
+        for t in range(T):
+            for j in range(dim):
+                h[t, j] = h[t, j] + y[t, j]
+
 #: slot layout -> lane of :func:`_slots`
 LANES = {"x86": 32, "arm64": 16, "plain": 1}
 
@@ -147,7 +260,10 @@ class Plan:
     eps: float
     lane: int
     heads: int
+    kv_heads: int
+    head_dim: int
     nbytes: int  # the matrices' bytes (the thread picker's size)
+    amx: bool  # every row a whole number of 64-byte chunks (AMX tiles: :func:`decode_rows`)
 
     @classmethod
     def of(cls, net, be) -> Plan | None:
@@ -185,4 +301,5 @@ class Plan:
             return None
         nbytes = int((mats[..., ROWS] * mats[..., BPR]).sum())
         return cls(mats, np.concatenate(scales), gains, float(a.norm_eps),
-                   LANES[layouts.pop()], a.n_heads, nbytes)
+                   LANES[layouts.pop()], a.n_heads, a.n_kv_heads, a.head_dim, nbytes,
+                   bool((mats[..., BPR] % 64 == 0).all()))

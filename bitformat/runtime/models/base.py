@@ -366,13 +366,18 @@ class Transformer:
         a = self.args
         rows = Rows.of(segments, a, self.be.dtype, self.inv_freq)
         eps, hd, n = a.norm_eps, a.head_dim, rows.n
-        if n == 1 and activation_hook is None and self._decode_plan() is not None:
-            # one token: every layer in one backend call, the same arithmetic
+        if n == len(rows.spans) and activation_hook is None and self._decode_plan() is not None:
+            # a token per request: every layer in one backend call, the same arithmetic
             h = np.array(self.be.embed(rows.ids), self.be.dtype, order="C")
-            _, cache, start = rows.spans[0]
-            self.be.decode_row(self._plan, h, cache, start, rows.cos[0], rows.sin[0])
-            rows.advance()
-            return rms_norm(h, self.norm, eps)
+            if n == 1:
+                _, cache, start = rows.spans[0]
+                self.be.decode_row(self._plan, h, cache, start, rows.cos[0], rows.sin[0])
+                done = True
+            else:
+                done = self.be.decode_rows(self._plan, h, rows)
+            if done:
+                rows.advance()
+                return rms_norm(h, self.norm, eps)
         h = self.be.embed(rows.ids)  # [n, dim]
         for i, blk in enumerate(self.blocks):
             x = self._quant(h, blk.attn_norm)
