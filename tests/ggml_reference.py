@@ -105,12 +105,16 @@ class Weights:
 def reference(model, prompt: Sequence[int], steps: int,
               act: Callable[[np.ndarray], np.ndarray] = lambda x: x,
               forced: Sequence[int] | None = None, ggml: bool = False,
-              weights: Weights | None = None) -> tuple[list[int], list[np.ndarray]]:
+              weights: Weights | None = None,
+              kv: Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+              | None = None) -> tuple[list[int], list[np.ndarray]]:
     """float64 forward pass of llama.cpp's graph of ``model``'s architecture (``bitnet``:
     sub-norms; ``qwen3``: q/k norms, head size ``key_length``; NEOX RoPE and a SiLU-gated FFN
     in both). ``act`` rounds the input of every ternary projection; ``ggml``: the roundings of
     the module docstring; ``forced``: the tokens fed after each step (default: the greedy
-    ones). Greedy tokens and each step's logits."""
+    ones); ``kv(layer, k, v) -> (k, v)``: sees (and may replace) each layer's K (after RoPE)
+    and V of all positions [T, kv heads, head size] before attention. Greedy tokens and each
+    step's logits."""
     g = model.get
     a = str(g("general.architecture")) + "."
     n_layer, n_head, n_kv = g(a + "block_count"), g(a + "attention.head_count"), g(
@@ -149,6 +153,8 @@ def reference(model, prompt: Sequence[int], steps: int,
                 q = rms_norm(q, w(b + "attn_q_norm.weight"), eps)
                 k = rms_norm(k, w(b + "attn_k_norm.weight"), eps)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
+            if kv is not None:
+                k, v = kv(i, k, v)
             o = attention_ggml(q, k, v) if ggml else attention(q, k, v, 0)
             if sub:
                 o = rms_norm(o, w(b + "attn_sub_norm.weight"), eps)
