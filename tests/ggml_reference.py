@@ -73,6 +73,11 @@ def attention_ggml(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.einsum("hts,shd->thd", p, vv).reshape(T, H * d)
 
 
+#: ``(layer, q, k, v) -> (q, k, v)``
+QKVHook = Callable[[int, np.ndarray, np.ndarray, np.ndarray],
+                   tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
 class Weights:
     """A model's tensors as float64 arrays (each read once), and which of them are q2_0."""
 
@@ -106,15 +111,14 @@ def reference(model, prompt: Sequence[int], steps: int,
               act: Callable[[np.ndarray], np.ndarray] = lambda x: x,
               forced: Sequence[int] | None = None, ggml: bool = False,
               weights: Weights | None = None,
-              kv: Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
-              | None = None) -> tuple[list[int], list[np.ndarray]]:
+              qkv: QKVHook | None = None) -> tuple[list[int], list[np.ndarray]]:
     """float64 forward pass of llama.cpp's graph of ``model``'s architecture (``bitnet``:
     sub-norms; ``qwen3``: q/k norms, head size ``key_length``; NEOX RoPE and a SiLU-gated FFN
     in both). ``act`` rounds the input of every ternary projection; ``ggml``: the roundings of
     the module docstring; ``forced``: the tokens fed after each step (default: the greedy
-    ones); ``kv(layer, k, v) -> (k, v)``: sees (and may replace) each layer's K (after RoPE)
-    and V of all positions [T, kv heads, head size] before attention. Greedy tokens and each
-    step's logits."""
+    ones); ``qkv(layer, q, k, v) -> (q, k, v)``: sees (and may replace) each layer's Q and K
+    (after RoPE) and V of all positions ([T, heads or kv heads, head size]) before
+    attention. Greedy tokens and each step's logits."""
     g = model.get
     a = str(g("general.architecture")) + "."
     n_layer, n_head, n_kv = g(a + "block_count"), g(a + "attention.head_count"), g(
@@ -153,8 +157,8 @@ def reference(model, prompt: Sequence[int], steps: int,
                 q = rms_norm(q, w(b + "attn_q_norm.weight"), eps)
                 k = rms_norm(k, w(b + "attn_k_norm.weight"), eps)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
-            if kv is not None:
-                k, v = kv(i, k, v)
+            if qkv is not None:
+                q, k, v = qkv(i, q, k, v)
             o = attention_ggml(q, k, v) if ggml else attention(q, k, v, 0)
             if sub:
                 o = rms_norm(o, w(b + "attn_sub_norm.weight"), eps)

@@ -179,12 +179,13 @@ def test_cpu_backend_is_the_reference_with_per_token_activations(bonsai):
             assert int(np.argmax(g)) == want[step], step
 
 
-class _LlamaKV:
+class _LlamaQKV:
     """llama.cpp (the C API of llama-cpp-python) on a file, without flash attention, keeping
-    the float32 K (after RoPE) and V each layer computes (its graph's ``Kcur-<layer>`` and
-    ``Vcur-<layer>``, read through ggml's eval callback) before they go to its f16 cache."""
+    the float32 Q and K (after RoPE) and V each layer computes (its graph's ``Qcur-<layer>``,
+    ``Kcur-<layer>``, ``Vcur-<layer>``, read through ggml's eval callback) before its
+    attention rounds them to f16."""
 
-    def __init__(self, llama_cpp, path, n_layers, kv_heads, head_dim, n_vocab):
+    def __init__(self, llama_cpp, path, n_layers, heads, kv_heads, head_dim, n_vocab):
         import ctypes
         import glob
         import os
@@ -200,9 +201,8 @@ class _LlamaKV:
         g.ggml_nelements.restype, g.ggml_nelements.argtypes = ctypes.c_int64, [ctypes.c_void_p]
         g.ggml_is_contiguous.restype = ctypes.c_bool
         g.ggml_is_contiguous.argtypes = [ctypes.c_void_p]
-        self.k = [[] for _ in range(n_layers)]
-        self.v = [[] for _ in range(n_layers)]
-        want = {f"{kind}cur-{i}": (kind, i) for kind in "KV" for i in range(n_layers)}
+        self.qkv = {kind: [[] for _ in range(n_layers)] for kind in "QKV"}
+        want = {f"{kind}cur-{i}": (kind, i) for kind in "QKV" for i in range(n_layers)}
         last = {}
 
         def cb(t, ask, _):
@@ -211,13 +211,15 @@ class _LlamaKV:
                 return True
             # the first field of a ggml_tensor is its type: 0 is F32
             if ctypes.cast(t, ctypes.POINTER(ctypes.c_int32))[0] == 0 and \
-                    g.ggml_is_contiguous(t):  # the last node of the name: K after RoPE
+                    g.ggml_is_contiguous(t):  # the last node of the name: after RoPE
                 n = g.ggml_nelements(t)
                 last[name] = np.ctypeslib.as_array(g.ggml_get_data_f32(t), shape=(n,)).copy()
             return True
 
         self._cb = llama_cpp.ggml_backend_sched_eval_callback(cb)
-        self._last, self._want, self._shape = last, want, (kv_heads, head_dim)
+        self._last, self._want = last, want
+        self._heads = {"Q": heads, "K": kv_heads, "V": kv_heads}
+        self._head_dim = head_dim
         self.lib, self.n_vocab = llama_cpp, n_vocab
         try:  # its log, as Llama(verbose=False) has it
             from llama_cpp._logger import set_verbose
@@ -240,8 +242,8 @@ class _LlamaKV:
         arr = (ctypes.c_int32 * len(ids))(*ids)
         assert self.lib.llama_decode(self.ctx, self.lib.llama_batch_get_one(arr, len(ids))) == 0
         for name, (kind, i) in self._want.items():
-            (self.k if kind == "K" else self.v)[i].append(
-                self._last[name].reshape(len(ids), *self._shape).astype(np.float64))
+            self.qkv[kind][i].append(self._last[name].reshape(
+                len(ids), self._heads[kind], self._head_dim).astype(np.float64))
         ptr = self.lib.llama_get_logits_ith(self.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
 
@@ -257,44 +259,44 @@ def test_llama_cpp_runs_the_bonsai_file(bonsai):
 
     Without more, most steps are 0.03-0.09 apart (the prompt's logits agree to 4e-7): this
     tiny random model's attention outputs reach 40, so one Q8_0 step of o_proj's input is
-    0.3, and a K or V element that ggml's float32 arithmetic (RoPE, for K) puts on the other
-    side of an f16 rounding from float64's (one ulp, 5e-4 relative) moves an attention
-    output enough to cross one; the layers amplify that to ~0.05 in the logits, and every
-    later step attends to that position. So llama.cpp's own float32 K and V are checked
-    against the reference's (relative 1e-5 at every layer on at least 90 % of the
-    positions, all within 0.05; measured: 4e-7 but for the layer-1 K/V of 2 of 45
-    positions, 9e-3, where a Q8_0 near-tie of layer 0 moved them) and then fed to it: its
-    logits are then within 1e-3 of llama.cpp's on at least 90 % of the steps (measured: 37
-    of 40 within 6e-7; the other 3 within 0.09), every step within 0.15 and correlated
-    above 0.999, and the greedy tokens agree wherever the top two logits are further apart
-    than twice that step's difference (38 steps here). Without K and V fed, every step
-    stays within 0.15 and correlated above 0.999 (measured: 0.09, 0.9998).
+    0.3, and a Q, K or V element that ggml's float32 arithmetic (RoPE for Q and K) puts on
+    the other side of an f16 rounding from float64's (one ulp, 5e-4 relative) moves an
+    attention output enough to cross one; the layers amplify that to ~0.05 in the logits,
+    and every later step attends to that position. So llama.cpp's own float32 Q, K and V
+    (after RoPE) are checked against the reference's (relative 1e-5 at every layer on at
+    least 90 % of the positions, all within 0.05; measured: 2e-6 at most) and then fed to
+    it: its logits are then within 1e-3 of llama.cpp's on at least 90 % of the steps
+    (measured: all 40 within 6e-7; feeding K and V alone left 3 steps 0.05-0.08 off, Q
+    near-ties), every step within 0.15 and correlated above 0.999, and the greedy tokens
+    agree wherever the top two logits are further apart than twice that step's difference
+    (all 40 steps here). Without Q, K and V fed, every step stays within 0.15 and correlated
+    above 0.999 (measured: 0.09, 0.9998).
     """
     llama_cpp = pytest.importorskip("llama_cpp")
     with open_model(bonsai) as model:
-        n_layers = model.get("qwen3.block_count")
-        kvh, hd = model.get("qwen3.attention.head_count_kv"), model.get(
-            "qwen3.attention.key_length")
+        g = model.get
+        shape = (g("qwen3.block_count"), g("qwen3.attention.head_count"),
+                 g("qwen3.attention.head_count_kv"), g("qwen3.attention.key_length"))
         w = Weights(model)
         want, free = reference(model, PROMPT, STEPS, q8_0, ggml=True, weights=w)
-        llm = _LlamaKV(llama_cpp, bonsai, n_layers, kvh, hd, 512)
+        llm = _LlamaQKV(llama_cpp, bonsai, *shape, 512)
         try:
             got = _forced_logits(llm, PROMPT, want)
         finally:
             llm.close()
-        theirs_k = [np.concatenate(k) for k in llm.k]
-        theirs_v = [np.concatenate(v) for v in llm.v]
-        rel = {}  # layer -> each position's relative K/V difference (the last step's)
+        theirs = {kind: [np.concatenate(x) for x in per_layer]
+                  for kind, per_layer in llm.qkv.items()}
+        rel = {}  # layer -> each position's relative Q/K/V difference (the last step's)
 
-        def feed(i, k, v):
-            t = len(k)
-            tk, tv = theirs_k[i][:t], theirs_v[i][:t]
-            rel[i] = np.maximum(np.abs(tk - k).max(axis=(1, 2)) / np.abs(k).max(),
-                                np.abs(tv - v).max(axis=(1, 2)) / np.abs(v).max())
-            return tk, tv
+        def feed(i, *ours):
+            t = len(ours[0])
+            fed = tuple(theirs[kind][i][:t] for kind in "QKV")
+            rel[i] = np.max([np.abs(a - b).max(axis=(1, 2)) / np.abs(b).max()
+                             for a, b in zip(fed, ours, strict=True)], axis=0)
+            return fed
 
         _, logs = reference(model, PROMPT, STEPS, q8_0, forced=want, ggml=True, weights=w,
-                            kv=feed)
+                            qkv=feed)
     pos = np.max(list(rel.values()), axis=0)  # [positions]
     assert (pos < 1e-5).sum() >= 0.9 * len(pos) and pos.max() < 0.05, pos
     assert np.abs(got[0] - free[0]).max() < 1e-3
