@@ -6,6 +6,8 @@
 * One-token attention (RoPE, KV-cache write, softmax over the cache) against
   :func:`bitformat.runtime.backend.rope` and ``attention`` in float64: only summation order
   differs, so the float32 result must be within a few float32 ulps of the exact one.
+* A decode step in one compiled call (:mod:`bitformat.runtime.cpu.decode`) gives the hidden
+  states and KV caches of the layer-by-layer path bit for bit, step after step.
 * Matrices stacked by rows (q, k, v; gate, up) give, bit for bit, the separate products, and
   every matrix the kernels read is a copy of the container's bytes in one arena.
 """
@@ -20,6 +22,7 @@ from bitformat.formats import FORMAT_IDS
 from bitformat.runtime.backend import attention, quantize_activations, relu2_glu, rms_norm, rope
 from bitformat.runtime.cpu import ops
 from bitformat.runtime.models import INPUT_GROUPS
+from bitformat.runtime.models.base import Segment
 
 SHAPES = [(1, 2560), (3, 256), (2, 100), (1, 6912)]
 
@@ -84,6 +87,34 @@ def test_attend_one_matches_numpy(heads, kv, d, pos):
     assert np.abs(out - want).max() < 1e-5 * np.abs(want).max()
 
 
+def test_attend_rows_same_bits_as_attend_one():
+    """A decode step's tokens in one call, each on its own cache (other lengths, positions,
+    layers), give attend_one's bits and cache writes, and touch nothing else."""
+    rng = np.random.default_rng(11)
+    layers, heads, kv, d = 3, 8, 2, 32
+    lens, pos = [40, 7, 64, 41], [39, 0, 12, 25]
+    T, layer = len(lens), 1
+    caches = [(rng.standard_normal((layers, n, kv, d)).astype(np.float32),
+               rng.standard_normal((layers, n, kv, d)).astype(np.float32)) for n in lens]
+    before = [(kc.copy(), vc.copy()) for kc, vc in caches]
+    q = rng.standard_normal((T, heads, d)).astype(np.float32)
+    k = rng.standard_normal((T, kv, d)).astype(np.float32)
+    v = rng.standard_normal((T, kv, d)).astype(np.float32)
+    inv = 1.0 / 500000.0 ** (np.arange(0, d, 2) / d)
+    ang = (np.array(pos)[:, None] * inv).astype(np.float32)
+    cos, sin = np.cos(ang), np.sin(ang)
+    out = np.full((T, heads * d), np.nan, np.float32)
+    addr = [np.array([c[i].ctypes.data for c in caches], np.int64) for i in (0, 1)]
+    ops.attend_rows(q, k, v, cos, sin, *addr, np.array(lens, np.int64),
+                    np.array(pos, np.int64), layer, out)
+    for t, ((kc, vc), (kb, vb)) in enumerate(zip(caches, before, strict=True)):
+        want = np.empty(heads * d, np.float32)
+        ops.attend_one(q[t], k[t], v[t], cos[t], sin[t], kb[layer], vb[layer], pos[t], want)
+        np.testing.assert_array_equal(out[t], want, err_msg=f"token {t}")
+        np.testing.assert_array_equal(kc, kb, err_msg=f"k cache of token {t}")
+        np.testing.assert_array_equal(vc, vb, err_msg=f"v cache of token {t}")
+
+
 @pytest.mark.parametrize("fid", FORMAT_IDS)
 def test_stacked_projections_equal_separate(cpu_models, fid):
     lm = cpu_models[fid]
@@ -112,3 +143,33 @@ def test_weights_are_arena_copies_of_container_bytes(cpu_models, tiny_containers
                 assert np.shares_memory(w.data, arena) and not w.data.flags.writeable
                 assert w.data.ctypes.data % 64 == 0  # every matrix starts on a cache line
                 np.testing.assert_array_equal(w.data.reshape(-1), raw[: w.data.size])
+
+
+@pytest.mark.parametrize("fid", ["i2_s", "stfma", "rans", "tq2_0"])
+def test_decode_row_same_bits_as_layer_by_layer(cpu_models, fid):
+    """The one-call decode step (where the backend has a plan) against the same network run
+    layer by layer: hidden states and both KV caches equal after every one of 40 steps."""
+    net = cpu_models[fid].net
+    plan = net._decode_plan()
+    if fid == "tq2_0":  # not a 2-bit slot layout: no plan, the layer-by-layer path runs
+        assert plan is None
+        return
+    if cpu_models[fid].backend.kernel != "vnni":
+        pytest.skip("the one-call step needs the vnni kernels")
+    assert plan is not None
+    fused, layered = net.new_cache(64), net.new_cache(64)
+    rng = np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(0, net.args.vocab_size, 5)]
+    net.forward_hidden([Segment(prompt, fused)])
+    net.forward_hidden([Segment(prompt, layered)])
+    for step in range(40):
+        tok = int(rng.integers(0, net.args.vocab_size))
+        a = net.forward_hidden([Segment([tok], fused)])
+        net._plan = None
+        try:
+            b = net.forward_hidden([Segment([tok], layered)])
+        finally:
+            net._plan = plan
+        np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+        np.testing.assert_array_equal(fused.k, layered.k, err_msg=f"k cache, step {step}")
+        np.testing.assert_array_equal(fused.v, layered.v, err_msg=f"v cache, step {step}")

@@ -60,7 +60,7 @@ def wgpu_head_backend(dev, E: np.ndarray, gtype: str = "F16"):
     be.head_type = GGMLType[gtype]
     be.head = GpuEmbedding.from_rows(dev, GGMLType[gtype], head_bytes(E, gtype), V, dim)
     be.xf = dev.buffer(4 * UNIFORM_WORDS, "x_f32", uniform=True)
-    be._logits = be._screened = be.no_screen = be.head_nbytes = None
+    be._logits = be._screened = be._argmax = be.no_screen = be.head_nbytes = None
     return be
 
 
@@ -183,6 +183,12 @@ def test_fallbacks_are_counted(devices):
     bad = x.copy()
     bad[0, 3] = np.nan
     head.select(bad, [Sampler()])
+    # the full head's choices as the device makes them (argmax.wgsl for plain greedy rows)
+    hs = np.concatenate([x, x * 2, x * -1])
+    samplers = [Sampler(), Sampler(SamplingParams(temperature=0.9, top_k=5, seed=2)),
+                Sampler(SamplingParams(repetition_penalty=1.5), history=[1, 2])]
+    logits = be.lm_head(hs)
+    assert be.pick_full(hs, samplers) == [s.pick(logits[r]) for r, s in enumerate(samplers)]
     head.select(x * np.float32(1e37), [Sampler()])
     assert head.stats.fallbacks == {"top-p or min-p without top-k": 1,
                                     "hidden state not finite": 1, "logits could overflow": 1}

@@ -213,8 +213,9 @@ class Head:
     ``backend`` provides ``lm_head(h)``; for the screened head also ``screen_tables()`` (or
     None where it has no screen), ``head_bounds(tables, xq, par) -> (lo, hi)``, ``head_rows(h,
     ids)`` (the full kernel's logits of rows ``ids``, the same bits as ``lm_head``) and
-    ``head_rows_bytes(ids)``. ``check``: also compute the full logits every step and assert
-    every bound and every token (tests).
+    ``head_rows_bytes(ids)``; and optionally ``pick_full(h, samplers)``, the full head's
+    tokens as the backend chooses them itself (wgpu: its device argmax). ``check``: also
+    compute the full logits every step and assert every bound and every token (tests).
     """
 
     def __init__(self, backend, mode: str = "screened", *, check: bool = False):
@@ -247,7 +248,9 @@ class Head:
         st.head_bytes += self.full_bytes
         if reason:
             st.fallbacks[reason] += len(samplers)
-        return pick_tokens(self.be.lm_head(h), samplers)
+        pick = getattr(self.be, "pick_full", None)  # a backend that chooses on its device
+        return pick(h, samplers) if pick is not None else pick_tokens(self.be.lm_head(h),
+                                                                      samplers)
 
     def select(self, h: np.ndarray, samplers: Sequence[Sampler]) -> list[int]:
         """The token each row of ``h`` [n, dim] leads to: the full head's choice."""

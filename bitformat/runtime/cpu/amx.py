@@ -31,7 +31,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels import KIND_I2S, _dot2_vnni, _load64, _prefetch, host_features
+from .kernels import KIND_I2S, L2, _dot2_vnni, _load64, _prefetch, host_features
 from .screen import _bounds, _screen_dot
 
 #: rows of weights per A tile, and the most tokens a C tile holds
@@ -155,7 +155,7 @@ def _amx_rows(nb, typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
                     # the next group's bytes, in order (one line per row and chunk)
                     _prefetch(builder, wptr, builder.add(builder.add(
                         row0, builder.mul(bpr, c(TILE_ROWS))), builder.add(
-                        builder.mul(i, c(64 * TILE_ROWS)), c(64 * k))))
+                        builder.mul(i, c(64 * TILE_ROWS)), c(64 * k))), L2)
                     for g in range(4):
                         v = wv
                         if g:
@@ -342,7 +342,7 @@ def _screen_rows(typingctx, cfg, w, v0, width, ngroups, xb, ncol, cout):
                 for k in range(TILE_ROWS):  # the next group's lines, in order
                     _prefetch(builder, wptr, builder.add(builder.add(
                         row0, builder.mul(width, c(TILE_ROWS))), builder.add(
-                        builder.mul(loop.index, c(64 * TILE_ROWS)), c(64 * k))))
+                        builder.mul(loop.index, c(64 * TILE_ROWS)), c(64 * k))), L2)
                 for j in range(2):
                     with builder.if_then(builder.icmp_unsigned("==", par, c(j))):
                         builder.call(load, [tmm(2 + j), builder.gep(wptr, [builder.add(

@@ -40,6 +40,7 @@ from ..backend import (
 )
 from . import amx as A
 from . import batch as B
+from . import decode as D
 from . import head as H
 from . import kernels as K
 from . import ops
@@ -354,12 +355,36 @@ class CpuBackend(Backend):
         ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
         return out
 
-    def attend_tokens(self, q, k, v, caches, cos, sin, out) -> None:
-        """Row t of a decode step (one token per request) by :meth:`attend` on ``caches[t]``
-        = (its layer's k cache, v cache, position), without a call per row from the model."""
-        attend_one = ops.attend_one
-        for t, (kc, vc, start) in enumerate(caches):
-            attend_one(q[t], k[t], v[t], cos[t], sin[t], kc, vc, start, out[t])
+    def decode_plan(self, net) -> D.Plan | None:
+        """What :meth:`decode_row` needs to run ``net`` (a :class:`.models.base.Transformer`)
+        one token at a time in one compiled call, or None where it does not apply
+        (:mod:`.decode`: the vnni kernels, stacked 2-bit matrices in the arena, BitNet's
+        layer)."""
+        return D.Plan.of(net, self) if self.kernel == "vnni" else None
+
+    def decode_row(self, plan: D.Plan, h: np.ndarray, cache, pos: int, cos: np.ndarray,
+                   sin: np.ndarray) -> None:
+        """One token through every layer of ``plan``'s network (:func:`.decode.decode_row`):
+        ``h`` [1, dim] its embedding, replaced by the last layer's output; k and v stored in
+        ``cache`` at ``pos``."""
+        self._call(D.decode_row, plan.nbytes, self._arena.buf, plan.mats, plan.ws,
+                   plan.gains, plan.eps, plan.lane, plan.heads, cache.k, cache.v, pos, cos,
+                   sin, h)
+
+    def attend_tokens(self, q, k, v, layer: int, rows, out) -> None:
+        """Row t of a decode step (one token per request, ``rows`` a
+        :class:`.models.base.Rows`) as :meth:`attend` on its own cache, every row of layer
+        ``layer`` in one call (:func:`.ops.attend_rows`)."""
+        kv = rows.derived.get("kv")
+        if kv is None:  # the caches' addresses, once per step
+            caches = [(c, start) for _, c, start in rows.spans]
+            if not all(c.k.flags.c_contiguous and c.v.flags.c_contiguous
+                       and c.k.dtype == np.float32 == c.v.dtype for c, _ in caches):
+                raise RequestError("KV caches must be C-contiguous float32 arrays")
+            kv = rows.derived["kv"] = tuple(np.array(x, np.int64) for x in zip(
+                *[(c.k.ctypes.data, c.v.ctypes.data, c.k.shape[1], start) for c, start in caches],
+                strict=True))
+        ops.attend_rows(q, k, v, rows.cos, rows.sin, *kv, layer, out)
 
     def _call(self, kernel, nbytes: int, *args) -> None:
         """Run a kernel on all ``self.threads`` cores or on this thread alone.

@@ -6,7 +6,7 @@ decoder itself (:class:`Transformer`), which each family's module configures
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -147,6 +147,7 @@ class Rows:
     cos: np.ndarray  # [n, head_dim / 2], RoPE at each row's position
     sin: np.ndarray
     last: np.ndarray  # the row index of each segment's last token
+    derived: dict[str, Any] = field(default_factory=dict)  # what a backend derives once a step
 
     @property
     def n(self) -> int:
@@ -191,8 +192,7 @@ class Rows:
         out = np.empty((self.n, q.shape[1] * q.shape[2]), q.dtype)
         ones = getattr(be, "attend_tokens", None)
         if ones is not None and self.n == len(self.spans):  # a decode step: a token each
-            ones(q, k, v, [(c.k[layer], c.v[layer], start) for _, c, start in self.spans],
-                 self.cos, self.sin, out)
+            ones(q, k, v, layer, self, out)
             return out
         for sl, cache, start in self.spans:
             out[sl] = be.attend(q[sl], k[sl], v[sl], cache.k[layer], cache.v[layer], start,
@@ -292,6 +292,16 @@ class Transformer:
         self.inv_freq = 1.0 / args.rope_theta ** (np.arange(0, d, 2) / d)  # [d/2], float64
         self.hf_order = np.argsort(interleave_order(d)) if fam.permuted_qk else None
 
+    _plan: Any = False  # the backend's plan for a one-token step, once asked (None: none)
+
+    def _decode_plan(self) -> Any:
+        """The backend's plan to run one token through every layer in one call
+        (``decode_plan``/``decode_row``, the cpu backend), or None."""
+        if self._plan is False:
+            make = getattr(self.be, "decode_plan", None)
+            self._plan = make(self) if make is not None else None
+        return self._plan
+
     def new_cache(self, max_len: int) -> KVCache:
         return KVCache(self.args, max_len, self.be.dtype)
 
@@ -356,6 +366,13 @@ class Transformer:
         a = self.args
         rows = Rows.of(segments, a, self.be.dtype, self.inv_freq)
         eps, hd, n = a.norm_eps, a.head_dim, rows.n
+        if n == 1 and activation_hook is None and self._decode_plan() is not None:
+            # one token: every layer in one backend call, the same arithmetic
+            h = np.array(self.be.embed(rows.ids), self.be.dtype, order="C")
+            _, cache, start = rows.spans[0]
+            self.be.decode_row(self._plan, h, cache, start, rows.cos[0], rows.sin[0])
+            rows.advance()
+            return rms_norm(h, self.norm, eps)
         h = self.be.embed(rows.ids)  # [n, dim]
         for i, blk in enumerate(self.blocks):
             x = self._quant(h, blk.attn_norm)

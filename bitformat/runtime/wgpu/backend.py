@@ -27,6 +27,7 @@ several buffers, one dispatch each (the 656 MB f16 embedding of 2B-4T takes 5 wi
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -349,6 +350,7 @@ class WgpuBackend(Backend):
         self._logits: Any = None
         self._cache: dict[tuple, Any] = {}
         self._screened: Any = None  # head.GpuScreenedHead, made on first use
+        self._argmax: Dispatch | None = None  # pick_full's
         if self.head_type == GGMLType.Q2_0:  # the device's head is f16 rows: it screens
             self.no_screen = None
             self.head_nbytes = self.head.nbytes
@@ -471,6 +473,28 @@ class WgpuBackend(Backend):
             self.dev.write(self.xf, np.ascontiguousarray(h[t], np.float32))
             self.dev.run(self._head)
             out[t] = np.frombuffer(self.dev.read(self._logits, 4 * self.vocab), np.float32)
+        return out
+
+    def pick_full(self, h: np.ndarray, samplers: Sequence[Any]) -> list[int]:
+        """The full head's token per row of ``h``, chosen as :class:`~.network.WgpuBitNet`
+        chooses it: greedy rows without a penalty by the device's argmax (4 bytes back, the
+        same choice among NaNs too), the others by their sampler on the read-back logits."""
+        self.lm_head(h[:0])  # the logits buffer and head dispatches
+        if self._argmax is None:
+            k = self.dev.kernel("argmax", N=self.vocab)
+            self._result = self.dev.buffer(16, "argmax")
+            self._argmax = Dispatch("argmax", k, self.dev.bind(k, self._logits, self._result),
+                                    (1, 1, 1), 4 * self.vocab)
+        out = []
+        for t, s in enumerate(samplers):
+            self.dev.write(self.xf, np.ascontiguousarray(h[t], np.float32))
+            if s.params.greedy and s.penalized_ids().size == 0:
+                self.dev.run(self._head + [self._argmax])
+                out.append(int(np.frombuffer(self.dev.read(self._result, 4), np.uint32)[0]))
+            else:
+                self.dev.run(self._head)
+                out.append(s.pick(np.frombuffer(self.dev.read(self._logits, 4 * self.vocab),
+                                                np.float32).copy()))
         return out
 
     # -- the screened head (exact_head.py, head.py) ------------------------------------------------
