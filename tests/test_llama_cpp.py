@@ -5,7 +5,7 @@ Upstream llama.cpp has no ``bitnet-b1.58`` (2B-4T) graph, so the tiny synthetic 
 written under its ``bitnet`` architecture (1bitLLM's graph: SiLU-gated FFN with the same
 sub-norms, NEOX RoPE, tied head). Its logits are compared, step by step, with a float64 numpy
 forward pass of that graph over the same weights that rounds where ggml's CPU backend rounds
-(:func:`_reference`): Q8_0 activations into every Q2_0 mat-vec, and f16 wherever a matrix
+(tests/ggml_reference.py): Q8_0 activations into every Q2_0 mat-vec, and f16 wherever a matrix
 product has an f16 operand (the f16 K and V cache, so Q for K·Q and the softmax
 probabilities for V·P, and the final hidden state for the f16 head). With those roundings
 the logits agree to about 1e-6 over 40 steps.
@@ -26,12 +26,12 @@ import ctypes
 
 import numpy as np
 import pytest
+from ggml_reference import q8_0, reference
 
 from bitformat.constants import GGMLType
 from bitformat.container import open_model, write_gguf
 from bitformat.formats import get_format
 from bitformat.gguf_io import GGUFReader, GGUFWriter, MetaValue
-from bitformat.runtime.backend import attention, rms_norm, rope
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -97,87 +97,6 @@ def test_llama_quantize_gives_bitformats_bytes(files):
         theirs.close()
 
 
-def q8_0(x: np.ndarray) -> np.ndarray:
-    """ggml's Q8_0 rounding of activations as its x86 build does it (ggml-cpu/arch/x86/quants.c
-    ``quantize_row_q8_0``): per 32 float32 values, d = max|x| / 127 stored as f16, q =
-    round-half-even(x * (127 / max|x|)); what a Q2_0 mat-vec multiplies."""
-    b = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
-    amax = np.abs(b).max(axis=-1, keepdims=True)
-    d = (amax / np.float32(127)).astype(np.float16).astype(np.float64)
-    inv = np.float32(127) / np.where(amax > 0, amax, np.float32(1))
-    q = np.rint(b * np.where(amax > 0, inv, np.float32(0)))
-    return (q * d).reshape(x.shape)
-
-
-def f16(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).astype(np.float64)
-
-
-def _attention_ggml(q, k, v):
-    """Causal GQA as ggml's CPU backend does it without flash attention (llama.cpp's
-    ``build_attn_mha``): K and V come from the f16 cache, K·Q converts Q to f16 (the
-    ``vec_dot_type`` of F16), the softmax runs in float32 and V·P converts P to f16."""
-    T, H, d = q.shape
-    rep = H // k.shape[1]
-    kk, vv = np.repeat(f16(k), rep, axis=1), np.repeat(f16(v), rep, axis=1)
-    s = np.einsum("thd,shd->hts", f16(q), kk) / np.sqrt(d)
-    s[:, np.triu(np.ones((T, T), bool), 1)] = -np.inf
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p = f16(p / p.sum(-1, keepdims=True))
-    return np.einsum("hts,shd->thd", p, vv).reshape(T, H * d)
-
-
-def _reference(model, prompt, steps, act=lambda x: x, forced=None, ggml=False):
-    """float64 forward pass of llama.cpp's ``bitnet`` graph (src/models/bitnet.cpp);
-    ``act`` rounds the input of every ternary projection; ``ggml``: attention and the head's
-    input rounded to f16 as ggml's CPU backend does; ``forced``: the tokens fed after each
-    step (default: the greedy ones). Greedy tokens and each step's logits."""
-    g = model.get
-    a = "bitnet."
-    n_layer, n_head, n_kv = g(a + "block_count"), g(a + "attention.head_count"), g(
-        a + "attention.head_count_kv")
-    eps, base = g(a + "attention.layer_norm_rms_epsilon"), g(a + "rope.freq_base")
-
-    def vec(name):
-        gt, raw = model.plain(name)
-        return raw.view("<f4" if gt == GGMLType.F32 else "<f2").astype(np.float64).reshape(
-            model.entry(name).shape)
-
-    def mat(name):
-        return model.ternary(name).dense(np.float64)
-
-    E = vec("token_embd.weight")
-    dim = E.shape[1]
-    hd = dim // n_head
-    ids = list(prompt)
-    out, logs = [], []
-    for step in range(steps):
-        T = len(ids)
-        inv = 1.0 / base ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
-        ang = np.arange(T)[:, None] * inv[None, :]
-        cos, sin = np.cos(ang), np.sin(ang)
-        x = E[ids]
-        for i in range(n_layer):
-            b = f"blk.{i}."
-            h = rms_norm(x, vec(b + "attn_norm.weight"), eps)
-            q = rope((act(h) @ mat(b + "attn_q.weight").T).reshape(T, n_head, hd), cos, sin)
-            k = rope((act(h) @ mat(b + "attn_k.weight").T).reshape(T, n_kv, hd), cos, sin)
-            v = (act(h) @ mat(b + "attn_v.weight").T).reshape(T, n_kv, hd)
-            o = _attention_ggml(q, k, v) if ggml else attention(q, k, v, 0)
-            o = rms_norm(o, vec(b + "attn_sub_norm.weight"), eps)
-            x = x + act(o) @ mat(b + "attn_output.weight").T
-            h = rms_norm(x, vec(b + "ffn_norm.weight"), eps)
-            gate, up = act(h) @ mat(b + "ffn_gate.weight").T, act(h) @ mat(b + "ffn_up.weight").T
-            f = rms_norm(gate / (1 + np.exp(-gate)) * up, vec(b + "ffn_sub_norm.weight"), eps)
-            x = x + act(f) @ mat(b + "ffn_down.weight").T
-        hn = rms_norm(x[-1:], vec("output_norm.weight"), eps)
-        logits = (f16(hn) if ggml else hn) @ E.T
-        logs.append(logits[0])
-        out.append(int(np.argmax(logits[0])))
-        ids.append(out[-1] if forced is None else forced[step])
-    return out, logs
-
-
 def test_llama_cpp_runs_bitformats_q2_0(files):
     """llama.cpp's logits on bitformat's q2_0 file, step by step along the reference's greedy
     tokens, against the reference with ggml's roundings (module docstring): within ``TOL`` on
@@ -195,7 +114,7 @@ def test_llama_cpp_runs_bitformats_q2_0(files):
         ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(vocab,)).astype(np.float64)
 
-    want, logs = _reference(model, PROMPT, STEPS, q8_0, ggml=True)
+    want, logs = reference(model, PROMPT, STEPS, q8_0, ggml=True)
     llm.eval(PROMPT)
     close = agreed = 0
     for step, ref in enumerate(logs):
@@ -218,8 +137,8 @@ def test_reference_without_ggml_rounding_diverges(files):
     Q8_0 activations alone, fed the same tokens, is more than 0.5 off at that step and close
     to the ggml-rounded reference at the steps before it."""
     model = files[0]
-    want, ggml = _reference(model, PROMPT, 8, q8_0, ggml=True)
-    _, plain = _reference(model, PROMPT, 8, q8_0, forced=want)
+    want, ggml = reference(model, PROMPT, 8, q8_0, ggml=True)
+    _, plain = reference(model, PROMPT, 8, q8_0, forced=want)
     diffs = [np.abs(a - b).max() for a, b in zip(ggml, plain, strict=True)]
     assert max(diffs[:7]) < 0.15 and diffs[7] > 0.5, diffs
 
