@@ -4,8 +4,10 @@ scales), as PrismML's GGUF releases have them.
 The embedding rows are checked against a scalar transcription of ggml's
 ``dequantize_row_q2_0`` (tests/test_ternary_gguf_types.py), the head's logits against a scalar
 transcription of ggml-cpu's ``ggml_vec_dot_q2_0_q8_0_generic`` on x86 Q8_0 activations
-(``quantize_row_q8_0``), and the whole model against llama.cpp itself (llama-cpp-python) where
-it is installed.
+(``quantize_row_q8_0``). The whole model: bitformat's cpu backend against a float64 reference of
+llama.cpp's qwen3 graph (tests/ggml_reference.py) with BitNet's per-token int8 activations (its
+one intended difference), and llama.cpp itself (llama-cpp-python) against that reference with
+ggml's roundings (Q8_0 activations, f16 attention), over 40 steps each.
 """
 
 from __future__ import annotations
