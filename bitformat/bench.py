@@ -4,8 +4,8 @@ For each container the model is converted (into a temporary folder unless ``keep
 on the backend, given a fixed prompt (:data:`PROMPT_IDS`) and one untimed warm-up decode step,
 and then ``tokens`` greedy decode steps are timed. Per token and per kernel class it reports
 the bytes read, the milliseconds and the effective GB/s; per container the totals and decode
-tokens/s. On cpu the same steps run again with the screened LM head (``screened``: the same
-tokens, its head bytes and time; :mod:`.runtime.exact_head`).
+tokens/s. The same steps then run again with the screened LM head (``screened``: the same
+tokens, its head bytes and time; :mod:`.runtime.exact_head`), on cpu and on wgpu.
 
 Bytes are what a step reads (every class reads its tensors once per token, as
 :class:`~.runtime.loader.LoadedModel` counts them): the container's own bytes, except where the
@@ -28,10 +28,13 @@ class           bytes per token                              time (cpu / wgpu)
                 mean over the timed steps)                   attention kernels
 ==============  ===========================================  ===============================
 
-Times: on ``cpu`` host timers around the backend's calls during the timed steps (``other`` is
-the step's wall time minus the three others); on ``wgpu`` :meth:`~.runtime.wgpu.network.
-WgpuBitNet.profile` of one step at the mean length (GPU timestamp queries where the adapter has
-them, else each dispatch submitted and waited for alone, timed on the host). Totals
+Times: on ``cpu`` host timers around the backend's calls while the timed steps run again layer
+by layer (``other`` is that step's wall time minus the three others): the totals come from the
+backend's fastest path, which runs a token's layers in one compiled call that cannot be timed
+per class, so the classes can sum to more than ``ms_per_token``; on ``wgpu``
+:meth:`~.runtime.wgpu.network.WgpuBitNet.profile` of one step at the mean length (GPU
+timestamp queries where the adapter has them, else each dispatch submitted and waited for
+alone, timed on the host). Totals
 (``ms_per_token``, ``tokens_per_s``) are always host wall time of the timed steps, which on
 ``wgpu`` also holds the submit and the 4-byte argmax readback.
 
@@ -87,7 +90,7 @@ class ContainerBench:
     tokens: list[int] = field(default_factory=list)  # the greedy tokens of the timed steps
     detail: dict[str, Any] | None = None  # wgpu: the raw profile (its own per-kind bytes)
     decode: str = ""  # rans: "load" or "fused" (see the module docstring)
-    #: cpu: the same steps with the screened head (:mod:`.runtime.exact_head`): tokens_per_s,
+    #: the same steps with the screened head (:mod:`.runtime.exact_head`): tokens_per_s,
     #: ms_per_token, head_ms, head_bytes and bytes_per_token per step, candidates (mean, max)
     #: and whether its tokens equal the full head's
     screened: dict[str, Any] | None = None
@@ -198,22 +201,37 @@ def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
         cache = net.new_cache(len(prompt) + 1 + tokens)
         tok = int(np.argmax(net.forward(prompt, cache)[-1]))
         tok = int(np.argmax(net.forward([tok], cache)[-1]))  # warm-up: first-call costs
-        timers, out = _Timers(), []
-        with _timed_cpu(be, timers):
-            t0 = time.perf_counter()
-            for _ in range(tokens):
-                tok = int(np.argmax(net.forward([tok], cache)[-1]))
-                out.append(tok)
-            wall = time.perf_counter() - t0
+        start, first, out = cache.length, tok, []
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            tok = int(np.argmax(net.forward([tok], cache)[-1]))
+            out.append(tok)
+        wall = time.perf_counter() - t0
+        # the same steps layer by layer, timed per class (the fast path is one call a token)
+        cache.length, tok, timers, again = start, first, _Timers(), []
+        plan, net._plan = getattr(net, "_plan", False), None
+        try:
+            with _timed_cpu(be, timers):
+                t0 = time.perf_counter()
+                for _ in range(tokens):
+                    tok = int(np.argmax(net.forward([tok], cache)[-1]))
+                    again.append(tok)
+                layered = time.perf_counter() - t0
+        finally:
+            net._plan = plan
+        if again != out:
+            raise RuntimeError(f"{path}: the layer-by-layer steps chose other tokens than the "
+                               "compiled ones")
         secs = timers.seconds
-        secs["other"] = max(0.0, wall - secs["ternary"] - secs["lm_head"] - secs["attention"])
+        secs["other"] = max(0.0, layered - secs["ternary"] - secs["lm_head"] - secs["attention"])
         device = (f"{platform.machine()} cpu, {os.cpu_count()} cores, "
                   f"{getattr(be, 'threads', '?')} threads, numba {getattr(be, 'kernel', '?')}")
         return secs, wall, out, load_s, device, _run_screened(net, prompt, tokens, out)
 
 
 def _run_screened(net: Any, prompt: list[int], tokens: int, want: list[int]) -> dict[str, Any]:
-    """The timed steps of :func:`_run_cpu` again, choosing tokens with the screened head."""
+    """The timed steps of :func:`_run_cpu` or :func:`_run_wgpu` again, choosing tokens with
+    the screened head."""
     from .runtime.models import Segment
     from .runtime.sampling import Sampler
 
@@ -244,14 +262,17 @@ def _run_screened(net: Any, prompt: list[int], tokens: int, want: list[int]) -> 
 
 def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: int,
               decode: str = "load"
-              ) -> tuple[dict[str, float], float, list[int], float, dict[str, Any]]:
-    """The same on the GPU; class seconds are one profiled step at the mean length."""
+              ) -> tuple[dict[str, float], float, list[int], float, dict[str, Any],
+                         dict[str, Any] | None]:
+    """The same on the GPU; class seconds are one profiled step at the mean length. The
+    screened head's steps run after the profile (None where the head cannot screen)."""
     from .runtime.wgpu.backend import WgpuBackend
     from .runtime.wgpu.network import WgpuBitNet
 
     n = len(prompt) + 1 + tokens
     t0 = time.perf_counter()
-    net = WgpuBitNet(_args(model), WgpuBackend(model, device=dev, context=n, decode=decode))
+    net = WgpuBitNet(_args(model), WgpuBackend(model, device=dev, context=n, decode=decode),
+                     head="screened")
     load_s = time.perf_counter() - t0
     cache = net.new_cache(n)
     tok = net.forward_argmax(prompt, cache)
@@ -268,7 +289,8 @@ def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: i
     for kind, k in prof["kinds"].items():
         key = "ternary" if kind.startswith("matvec") else GPU_CLASS.get(kind, "other")
         secs[key] += k["seconds"]
-    return secs, wall, out, load_s, prof
+    screened = None if net.head.unavailable else _run_screened(net, prompt, tokens, out)
+    return secs, wall, out, load_s, prof, screened
 
 
 def run_bench(path: str | os.PathLike, backend: str = "cpu",
@@ -350,9 +372,8 @@ def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int]
                 target, prompt, tokens, threads, i2s_variant, decode or "load")
             per_class = {k: v / tokens for k, v in secs.items()}
         else:
-            screened = None
-            per_class, wall, out, load_s, detail = _run_wgpu(model, dev, prompt, tokens,
-                                                             repeats, decode or "load")
+            per_class, wall, out, load_s, detail, screened = _run_wgpu(
+                model, dev, prompt, tokens, repeats, decode or "load")
             result.timing = detail["clock"]
     classes = {k: {"bytes": nbytes[k], "ms": per_class[k] * 1e3,
                    "gbps": nbytes[k] / per_class[k] / 1e9 if per_class[k] > 0 else 0.0}
@@ -375,7 +396,7 @@ def _mb(n: float) -> str:
 def render(r: BenchResult) -> str:
     """A text table: per container, each class and the totals."""
     where = (f"one profiled step ({r.timing})" if r.backend == "wgpu"
-             else "host timers around the backend's calls")
+             else "host timers around the backend's calls, the same steps run layer by layer")
     lines = [f"{Path(r.source).name} on {r.backend} ({r.device})",
              f"{r.prompt_tokens}-token prompt, {r.warmup_tokens} warm-up step, {r.tokens} timed "
              f"decode steps; class times: {where}; totals: host wall time per step", "",

@@ -297,7 +297,11 @@ class GGUFReader:
                 raise CountTooLargeError(f"{what} claims {n} elements, more than the file "
                                          "could hold", path=self.path)
         per_block = GGML_BLOCK_LAYOUT[gtype][0]
-        if dims[0] % per_block:
+        if gtype == GGMLType.I2_S:  # blocks over the flat tensor: a row may start mid-block
+            if n % per_block:
+                raise FormatError(f"{what} has {n} values, not a multiple of the I2_S block "
+                                  f"of {per_block}", path=self.path)
+        elif dims[0] % per_block:
             raise FormatError(f"{what} has rows of {dims[0]} values, not a multiple of the "
                               f"{gtype.name} block of {per_block}", path=self.path)
         info = TensorInfo(name, tuple(reversed(dims)), gtype, offset,

@@ -66,8 +66,6 @@ def check_container(c: dict, r: dict) -> None:
         assert v["gbps"] == pytest.approx(v["bytes"] / v["ms"] / 1e6, rel=1e-9)
     assert len(c["tokens"]) == r["tokens"]
     sc = c["screened"]  # the same steps with the screened head: the same tokens, fewer bytes
-    if sc is None:  # wgpu: no screened head there (the cpu test below asserts it is present)
-        return
     assert sc["same_tokens"] and not sc["fallbacks"] and sc["candidates_mean"] >= 1
     assert sc["head_bytes"] < sc["full_head_bytes"] == want["lm_head"]
     assert sc["bytes_per_token"] == c["bytes_per_token"] - want["lm_head"] + sc["head_bytes"]
@@ -88,7 +86,9 @@ def test_cpu_json_bytes_times_and_plot(tiny_gguf, tmp_path):
         check_container(c, res)
         assert c["load_s"] > 0
         # the class times are the step's wall time cut into parts
-        assert c["kernel_ms"] == pytest.approx(c["ms_per_token"], rel=1e-6)
+        # the classes come from the same steps run layer by layer (the fast path is one
+        # compiled call a token): they add up to that run's step, not to ms_per_token
+        assert c["kernel_ms"] == pytest.approx(sum(v["ms"] for v in c["classes"].values()))
         with open_model(c["path"]) as m:
             assert m.container == c["format"]
         assert c["file_bytes"] == (tiny_gguf if c["format"] == "i2_s" else keep /

@@ -378,3 +378,119 @@ def test_inspect_names_family_and_head(folders, fam, words):
     line = next(x for x in res.output.splitlines() if x.strip().startswith("family"))
     assert all(w in line for w in words), line
     assert "output.weight" in res.output  # the LM head line names the untied head
+
+
+def test_i2_s_rows_that_start_mid_block_load_and_run(tmp_path):
+    """1bitLLM bitnet_b1_58-3B's FFN width, 8640, is not a multiple of i2_s's 128-value block
+    (ffn_down's rows start mid-block; i2_s blocks run over the flat tensor). The reader
+    refused such files; here a tiny 1bitLLM with FFN 320 (2.5 blocks a row) loads, runs with
+    the same greedy tokens on every backend and goes through every container that holds it
+    (all but tq2_0/tq1_0, which refuse by name) and back byte-identical."""
+    import dataclasses
+
+    from bitformat.gguf_io import GGUFReader
+    from bitformat.synth import PRESETS, synth
+
+    p = dataclasses.replace(PRESETS["tiny-1bitllm"], name="tiny-1bitllm-ffn320", ffn=320)
+    path = synth(p, tmp_path / "m.gguf")
+    with GGUFReader(path) as r:
+        assert r.tensors["blk.0.ffn_down.weight"].shape == (256, 320)
+    runs = {}
+    for backend in runtime_backends():
+        with load(path, backend=backend) as m:
+            runs[backend] = m.generate([1, 2, 3], max_new_tokens=5, temperature=0,
+                                       stop_ids=[]).tokens
+    assert len(set(map(tuple, runs.values()))) == 1, runs
+    from bitformat.errors import ShapeError
+
+    for fid in (*FORMAT_IDS, "hf"):
+        out = tmp_path / (fid if fid == "hf" else f"m.{fid}.gguf")
+        if fid in ("tq2_0", "tq1_0"):  # 256-value blocks cannot hold rows of 320
+            with pytest.raises(ShapeError, match="ffn_down.*rows of a multiple of 256"):
+                convert(path, out, fid)
+            continue
+        if fid != "i2_s":
+            convert(path, out, fid)
+            convert(out, tmp_path / "back.gguf", "i2_s")
+            with GGUFReader(path) as a, GGUFReader(tmp_path / "back.gguf") as b:
+                for name in a.tensors:
+                    assert bytes(a.raw(name)) == bytes(b.raw(name)), (fid, name)
+
+
+@pytest.mark.parametrize("preset, embedding, family, head", [
+    ("tiny", "bf16", "[bitnet-2b4t]", "token_embd.weight F16"),
+    ("tiny-1bitllm", "bf16", "[bitnet-1bitllm]", "output.weight F16"),
+    ("tiny-llama", "bf16", "[llama]", "output.weight F16"),
+    ("tiny-qwen3", "bf16", "[qwen3]", "output.weight F16"),
+    ("tiny-qwen3", "q2_0", "[qwen3]", "output.weight q2_0")])
+def test_inspect_names_family_tokenizer_and_head_of_every_preset(preset, embedding, family,
+                                                                 head, tmp_path):
+    from click.testing import CliRunner
+
+    from bitformat.cli import main as cli
+    from bitformat.synth import synth
+
+    path = synth(preset, tmp_path / "m.gguf", embedding=embedding)
+    res = CliRunner().invoke(cli, ["inspect", str(path)])
+    assert res.exit_code == 0, res.output
+
+    def line(start):
+        return next(x for x in res.output.splitlines() if x.strip().startswith(start))
+
+    fam = line("family")
+    assert family in fam and "LM head" in fam and (
+        ("untied" in fam) == (preset != "tiny")), fam
+    assert ("ternary q2_0 LM head" in fam) == (embedding == "q2_0"), fam
+    assert "gpt2 (llama-bpe)" in line("tokenizer")  # synth's tokenizer: Llama 3's BPE
+    assert head in line("LM head")
+
+
+def test_inspect_says_llama3_is_assumed_without_a_pre_tokenizer(tiny_gguf, tmp_path):
+    """The official 2B-4T GGUF has no tokenizer.ggml.pre: inspect names the Llama 3 choice."""
+    from click.testing import CliRunner
+
+    from bitformat.cli import main as cli
+    from bitformat.container import write_gguf
+    from bitformat.formats import get_format
+
+    model = open_model(tiny_gguf)
+    model.metadata = {k: v for k, v in model.metadata.items() if k != "tokenizer.ggml.pre"}
+    write_gguf(model, tmp_path / "nopre.gguf", get_format("i2_s"))
+    model.close()
+    res = CliRunner().invoke(cli, ["inspect", str(tmp_path / "nopre.gguf")])
+    assert res.exit_code == 0, res.output
+    assert "gpt2 (llama-bpe)" in res.output and "assumed" in res.output, res.output[:2000]
+
+
+def test_rows_off_the_chunk_are_padded_with_the_same_sums(tmp_path, monkeypatch):
+    """With the vnni kernels, a per-tensor-scale matrix whose rows are not whole 256-weight
+    chunks (1bitLLM 3B: 3200, 8640) runs as zero-padded stfma rows (AMX for prompts, no
+    scalar tail): the logits of a prompt (20 rows) and of decode steps equal the unpadded
+    path's."""
+    import dataclasses
+
+    from bitformat.runtime.cpu import backend as cpu_backend
+    from bitformat.runtime.cpu.kernels import kernel_mode
+    from bitformat.synth import PRESETS, synth
+
+    if kernel_mode() != "vnni":
+        pytest.skip("padding applies to the vnni kernels")
+    p = dataclasses.replace(PRESETS["tiny-1bitllm"], name="tiny-ffn320", ffn=320, hidden=384,
+                            heads=6, kv_heads=6)
+    path = synth(p, tmp_path / "m.gguf")
+    prompt = list(range(3, 23))
+
+    def run():
+        with load(path, backend="cpu") as m:
+            kinds = {w.encoding for blk in m.net.blocks for w in blk.proj.values()}
+            cache = m.net.new_cache(len(prompt) + 3)
+            out = [m.net.forward(prompt, cache)]
+            out += [m.net.forward([t], cache) for t in (5, 6, 7)]
+            return kinds, np.concatenate(out)
+
+    kinds, padded = run()
+    assert kinds == {"stfma"}  # 384 and 320 columns: every matrix padded
+    monkeypatch.setattr(cpu_backend, "PADDED", ())
+    kinds, plain = run()
+    assert "i2_s" in kinds
+    np.testing.assert_allclose(padded, plain, rtol=0, atol=1e-5)

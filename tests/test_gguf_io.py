@@ -156,6 +156,8 @@ def build(infos, data_len):
         ([tensor_info(dims=(0,))], 512, errors.FormatError, "zero dimension"),
         ([tensor_info(dims=(1,) * 5)], 512, errors.FormatError, "5 dimensions"),
         ([tensor_info(dims=(100,), gtype=35)], 512, errors.FormatError, "multiple of the TQ2_0"),
+        ([tensor_info(dims=(100, 2), gtype=36)], 512, errors.FormatError,
+         "200 values, not a multiple of the I2_S block"),
         ([tensor_info(dims=(2**40, 2**30))], 512, errors.CountTooLargeError, "elements"),
         ([tensor_info(offset=8)], 512, errors.TensorLayoutError, "alignment"),
         ([tensor_info(dims=(64,))], 100, errors.TruncatedError, "needs bytes up to"),

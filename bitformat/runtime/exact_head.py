@@ -92,22 +92,32 @@ class ScreenTables:
     bad_rows: int  # rows holding NaN or infinity
     depth: int  # roundings a product passes through in the full kernel
     unit: float  # the full kernel's unit roundoff (2^-24 for float32)
+    slack: float = 0.0  # further absolute slack per step (a device that may flush x's subnormals)
 
     @classmethod
     def build(cls, codes, scale, dnorm, qnorm, enorm, bad, dim: int, depth: int,
-              unit: float) -> ScreenTables:
-        """From the exact-math pieces (float64, as evaluated): rounds every term up."""
+              unit: float, *, flushed=None, flush_x: bool = False) -> ScreenTables:
+        """From the exact-math pieces (float64, as evaluated): rounds every term up.
+
+        For a full kernel that may flush subnormal inputs to zero (wgpu: Vulkan allows it):
+        ``flushed`` [V], the norm of each row's values it may flush (added to the row's bound
+        per unit of ``||x||``), and ``flush_x``: x's own subnormals (each below 2^-126) may be
+        flushed, which moves a logit by at most ``||e||_1 2^-126 <= sqrt(dim) ||e|| 2^-126``.
+        """
         rel = norm_slack(dim)
         du = depth * unit
         gamma = du / (1 - du)
         # e - d c as evaluated is within 2 ulps of max|e| = 127 d per value
         A = (dnorm * (1 + rel) + math.sqrt(dim) * 127 * scale * 2.0 ** -50
              + gamma * enorm * (1 + rel)) * (1 + REL)
+        if flushed is not None:
+            A = (A + np.asarray(flushed, np.float64) * (1 + rel)) * (1 + REL)
         N = qnorm * (1 + rel) * (1 + REL)
         good = ~np.asarray(bad, bool)
-        return cls(codes, np.asarray(scale, np.float64), A, N,
-                   float(enorm[good].max()) if good.any() else 0.0, int((~good).sum()),
-                   depth, unit)
+        max_enorm = float(enorm[good].max()) if good.any() else 0.0
+        slack = 2 * math.sqrt(dim) * max_enorm * (1 + rel) * 2.0 ** -126 if flush_x else 0.0
+        return cls(codes, np.asarray(scale, np.float64), A, N, max_enorm, int((~good).sum()),
+                   depth, unit, slack)
 
     @property
     def nbytes(self) -> int:
@@ -118,7 +128,7 @@ class ScreenTables:
         """Underflow: each rounding of the full kernel may also lose up to its smallest normal
         (2^-126 in float32, flushed or not)."""
         tiny = 2.0 ** -125 if self.unit >= 2.0 ** -24 else 2.0 ** -1021
-        return self.depth * tiny
+        return self.depth * tiny + self.slack
 
     def prepare(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The screen's inputs for hidden states ``h`` [n, dim]: ``(XQ [n, 2, width], par [n,
@@ -160,7 +170,15 @@ def bounds_numpy(t: ScreenTables, xq: np.ndarray, par: np.ndarray
     c = t.codes.astype(np.float64) - 128  # exact integers: the products and sums are exact
     d1 = xq[:, 0].astype(np.float64) @ c.T  # [n, V]
     d2 = xq[:, 1].astype(np.float64) @ c.T
-    a = t.scale * (FINE * d1 + d2) * par[:, :1]
+    return bounds_from_sums(t, d1, d2, par)
+
+
+def bounds_from_sums(t: ScreenTables, d1: np.ndarray, d2: np.ndarray, par: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` float64 [n, V] from a screen's exact integer sums ``D1 = c . q1`` and
+    ``D2 = c . q2`` [n, V] of the signed codes (what the wgpu screen kernel returns): the
+    float64 arithmetic of :func:`.cpu.screen._bounds`, vectorized."""
+    a = t.scale * (FINE * np.asarray(d1, np.float64) + d2) * par[:, :1]
     b = (t.A * par[:, 1:2] + t.N * par[:, 2:3] + np.abs(a) * 2.0 ** -45
          + par[:, 3:4]) * (1.0 + REL)
     return a - b, a + b
@@ -195,8 +213,9 @@ class Head:
     ``backend`` provides ``lm_head(h)``; for the screened head also ``screen_tables()`` (or
     None where it has no screen), ``head_bounds(tables, xq, par) -> (lo, hi)``, ``head_rows(h,
     ids)`` (the full kernel's logits of rows ``ids``, the same bits as ``lm_head``) and
-    ``head_rows_bytes(ids)``. ``check``: also compute the full logits every step and assert
-    every bound and every token (tests).
+    ``head_rows_bytes(ids)``; and optionally ``pick_full(h, samplers)``, the full head's
+    tokens as the backend chooses them itself (wgpu: its device argmax). ``check``: also
+    compute the full logits every step and assert every bound and every token (tests).
     """
 
     def __init__(self, backend, mode: str = "screened", *, check: bool = False):
@@ -229,7 +248,9 @@ class Head:
         st.head_bytes += self.full_bytes
         if reason:
             st.fallbacks[reason] += len(samplers)
-        return pick_tokens(self.be.lm_head(h), samplers)
+        pick = getattr(self.be, "pick_full", None)  # a backend that chooses on its device
+        return pick(h, samplers) if pick is not None else pick_tokens(self.be.lm_head(h),
+                                                                      samplers)
 
     def select(self, h: np.ndarray, samplers: Sequence[Sampler]) -> list[int]:
         """The token each row of ``h`` [n, dim] leads to: the full head's choice."""
@@ -275,7 +296,7 @@ class Head:
             z[ids] = exact[r]
             tokens.append(s.pick(z))
         if self.check:
-            self._check(h, samplers, lo, hi, tokens)
+            self._check(h, samplers, lo, hi, tokens, ids, exact)
         return tokens
 
     def _greedy_candidates(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -313,8 +334,11 @@ class Head:
         ylo, yhi = lo / p.temperature + g, hi / p.temperature + g
         return np.flatnonzero(yhi >= ylo.max())
 
-    def _check(self, h, samplers, lo, hi, tokens) -> None:
-        full = self.be.lm_head(h).astype(np.float64)
+    def _check(self, h, samplers, lo, hi, tokens, ids, exact) -> None:
+        full = self.be.lm_head(h)
+        if not np.array_equal(full[:, ids], exact):  # head_rows: the full kernel's very bits
+            raise AssertionError("head_rows differs from lm_head on the candidates")
+        full = full.astype(np.float64)
         for r, s in enumerate(samplers):
             bad = np.flatnonzero((full[r] < lo[r]) | (full[r] > hi[r]))
             if bad.size:

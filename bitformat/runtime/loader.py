@@ -53,9 +53,7 @@ class LoadedModel:
             # the whole model on the device, one command buffer a token
             from .wgpu.network import WgpuBitNet
 
-            self.net = WgpuBitNet(args, backend, progress=progress)
-            # the device runs the full head (a screened one is not built for wgpu yet)
-            self._head = Head(backend, head)
+            self.net = WgpuBitNet(args, backend, progress=progress, head=head)
         else:
             self.net = model_class(args)(args, backend, progress=progress, head=head)
         self.tokenizer = tokenizer
@@ -108,7 +106,7 @@ class LoadedModel:
     @property
     def head(self) -> Head:
         """The LM head the model chooses tokens with (:class:`.exact_head.Head`)."""
-        return getattr(self.net, "head", None) or self._head
+        return self.net.head
 
     def head_stats(self) -> dict[str, Any]:
         """The head mode and what it did since the last generation started: candidates
@@ -116,11 +114,6 @@ class LoadedModel:
         bytes a decode step read (``bytes_read_per_token``: the ternary matrices, norms, the
         head's screen and candidate rows, and the last step's KV cache)."""
         d = self.head.stats.as_dict()
-        if self.backend.name == "wgpu":  # every step runs the device's full head
-            d["head"] = "full"
-            if self.head.mode == "screened":
-                d["head_fallbacks"] = {self.head.unavailable: self.last_stats.generated_tokens}
-            d["head_bytes_per_step"] = self.head.full_bytes
         rest = self.weight_bytes_per_token - self.head.full_bytes
         d["bytes_read_per_token"] = int(rest + d["head_bytes_per_step"]
                                         + self.last_stats.kv_bytes_last_token)
@@ -147,8 +140,8 @@ class LoadedModel:
         self.net.forward(prompt[:1], cache)
         if hasattr(self.net, "forward_argmax"):
             self.net.forward_argmax(prompt[:1], cache)
-        else:  # the head as a token is chosen (the screened head's kernels)
-            self.net.decode([Segment(prompt[:1], cache)], [Sampler()])
+        # the head as a token is chosen (the screened head's kernels; wgpu: its upload)
+        self.net.decode([Segment(prompt[:1], cache)], [Sampler()])
         return time.perf_counter() - t0
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
@@ -181,7 +174,8 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     (fewer bytes held and read, several times slower). A coded LM head is decoded into f16
     at load either way. ``head``: "screened" (the default: the full head's exact tokens from
     an int8 screen of the head and the rows it cannot rule out, docs/exact-head.md) or "full"
-    (every logit, every step); the wgpu backend runs the full head either way.
+    (every logit, every step); on the wgpu backend the screen and the candidate rows run on
+    the device (the int8 copy is made and uploaded on the first screened step or warmup).
     ``LoadedModel.load_seconds`` says how long loading took.
     ``progress(layer, n_layers)`` is called as each layer's weights are ready (loading the
     2B-4T model takes seconds). Kernels compile on first use: :meth:`LoadedModel.warmup`.

@@ -28,6 +28,7 @@ from ...errors import InvalidScaleError, MetadataError, RequestError
 from ...formats import get_format
 from ...mapping import file_mapping
 from ...modelfile import Model
+from ...ternary import TernaryTensor
 from .. import exact_head as EH
 from ..backend import (
     ROW_FORMATS,
@@ -73,6 +74,15 @@ TWO_BIT = {"i2_s": (None, K.KIND_I2S), "stfma": ("plain", K.KIND_LOW),
 
 #: Encodings whose matrices run stacked (q, k, v; gate, up) as one kernel call.
 STACKABLE = (*TWO_BIT, *ROW_SCALED, "tq2_0", "tq1_0", "q2_0")
+
+#: Weights per 64-byte chunk of a 2-bit row: the unit of the vnni and AMX kernels. A row of
+#: another length runs its last part through the scalar loop and rules AMX out; 1bitLLM 3B's
+#: rows (3200 and 8640 weights) decoded at about 10 GB/s that way and its prompts at 10 tok/s.
+#: Per-tensor-scale matrices of such widths (:data:`PADDED`) are repacked at load, with the
+#: vnni kernels, as stfma rows padded with zero codes to whole chunks (their activations are
+#: padded with zeros, so the sums are the same integers).
+CHUNK_WEIGHTS = 256
+PADDED = ("i2_s", "stfma")
 
 
 @dataclass
@@ -183,7 +193,9 @@ class CpuBackend(Backend):
         decoded at load its stfma rows."""
         out = []
         for e in self.model.entries:
-            if e.encoding in ROW_FORMATS:
+            if self._pads(e):
+                out.append(e.shape[0] * -(-e.shape[1] // CHUNK_WEIGHTS) * CHUNK_WEIGHTS // 4)
+            elif e.encoding in ROW_FORMATS:
                 out.append(e.nbytes)
             elif e.encoding == "rans" and self.decode == "load":
                 out.append(e.shape[0] * RR.stfma_row_bytes(e.shape[1]))
@@ -203,11 +215,19 @@ class CpuBackend(Backend):
         return total
 
     # -- weights ------------------------------------------------------------------------------
+    def _pads(self, e) -> bool:
+        """Whether matrix entry ``e`` is repacked as padded stfma rows (:data:`CHUNK_WEIGHTS`)."""
+        return (self.kernel == "vnni" and e.ternary and e.encoding in PADDED
+                and e.shape[1] % CHUNK_WEIGHTS != 0)
+
     def weight(self, name: str) -> CpuWeight | KR.RansWeight:
-        if self.model.entry(name).encoding == "rans":
+        e = self.model.entry(name)
+        if e.encoding == "rans":
             if self.decode == "load":
                 return self._decoded_rans(name)
             return self._rans_weight(name)
+        if self._pads(e):
+            return self._padded_weight(name)
         src = ternary_source(self.model, name, self.i2s_variant)
         if src is None or src.row_bytes is None:
             return self._repacked_weight(name, src)
@@ -248,6 +268,21 @@ class CpuBackend(Backend):
         data.setflags(write=False)
         return CpuWeight("stfma", rows, cols, data, np.full(rows, scale, np.float32), "plain",
                          K.KIND_LOW)
+
+    def _padded_weight(self, name: str) -> CpuWeight:
+        """A per-tensor-scale matrix as stfma rows padded with zero trits to whole 64-byte
+        chunks, in the arena (so q, k, v and gate, up still stack); read by the format's reader
+        (every check)."""
+        t = self.model.ternary(name)
+        width = -(-t.cols // CHUNK_WEIGHTS) * CHUNK_WEIGHTS
+        trits = np.zeros((t.rows, width), np.int8)
+        trits[:, :t.cols] = t.trits
+        padded = TernaryTensor(trits, t.scales, 0, name)
+        data = self._arena.copy(get_format("stfma").encode(padded).view(np.uint8)
+                                .reshape(t.rows, -1))
+        data.setflags(write=False)
+        return CpuWeight("stfma", t.rows, t.cols, data, np.full(t.rows, t.scales[0], np.float32),
+                         "plain", K.KIND_LOW)
 
     def _repacked_weight(self, name: str, src: TernarySource | None) -> CpuWeight:
         """Matrices without row-readable bytes (module docstring), decoded once and repacked.

@@ -27,6 +27,7 @@ several buffers, one dispatch each (the 656 MB f16 embedding of 2B-4T takes 5 wi
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,14 +254,27 @@ class GpuEmbedding:
     chunks that each fit one storage binding."""
 
     def __init__(self, dev: GpuDevice, model: Model, name: str = "token_embd.weight"):
-        self.dev = dev
         gtype, raw = model.plain(name)
-        self.vocab, self.dim = model.entry(name).shape
+        vocab, dim = model.entry(name).shape
         if gtype == GGMLType.Q2_0:  # Ternary Bonsai: d * (code - 1) is exact in f16, so the
             # blocks become f16 rows at load (the head then sums unquantized activations,
             # where llama.cpp and the cpu backend use Q8_0 blocks: logits differ slightly)
-            raw = dequantize_q2_0(raw, self.vocab * self.dim).astype("<f2").view(np.uint8)
+            raw = dequantize_q2_0(raw, vocab * dim).astype("<f2").view(np.uint8)
             gtype = GGMLType.F16
+        self._setup(dev, gtype, raw, vocab, dim, name)
+
+    @classmethod
+    def from_rows(cls, dev: GpuDevice, gtype: GGMLType, raw: np.ndarray, vocab: int, dim: int,
+                  name: str = "head") -> GpuEmbedding:
+        """An embedding from its stored bytes ``raw`` (tests build heads this way)."""
+        self = object.__new__(cls)
+        self._setup(dev, gtype, np.ascontiguousarray(raw).reshape(-1).view(np.uint8), vocab,
+                    dim, name)
+        return self
+
+    def _setup(self, dev: GpuDevice, gtype: GGMLType, raw: np.ndarray, vocab: int, dim: int,
+               name: str) -> None:
+        self.dev, self.vocab, self.dim = dev, vocab, dim
         if gtype not in EMBED_TYPES:
             raise UnsupportedConversionError(f"the wgpu backend reads an F32, F16 or BF16 "
                                              f"embedding, not {gtype.name}", tensor=name)
@@ -272,6 +286,7 @@ class GpuEmbedding:
             raise UnsupportedConversionError(f"embedding width {self.dim} exceeds "
                                              f"{UNIFORM_WORDS}")
         rows = raw.reshape(self.vocab, -1)
+        self.gtype, self.host_rows = gtype, rows  # the screened head quantizes these
         self.row_bytes = rows.shape[1]
         self.rows_per_chunk = max(1, dev.max_binding // self.row_bytes)
         self.chunks = []
@@ -334,6 +349,11 @@ class WgpuBackend(Backend):
         self._y: Any = None
         self._logits: Any = None
         self._cache: dict[tuple, Any] = {}
+        self._screened: Any = None  # head.GpuScreenedHead, made on first use
+        self._argmax: Dispatch | None = None  # pick_full's
+        if self.head_type == GGMLType.Q2_0:  # the device's head is f16 rows: it screens
+            self.no_screen = None
+            self.head_nbytes = self.head.nbytes
 
     @property
     def weight_bytes_per_token(self) -> int:
@@ -454,3 +474,57 @@ class WgpuBackend(Backend):
             self.dev.run(self._head)
             out[t] = np.frombuffer(self.dev.read(self._logits, 4 * self.vocab), np.float32)
         return out
+
+    def pick_full(self, h: np.ndarray, samplers: Sequence[Any]) -> list[int]:
+        """The full head's token per row of ``h``, chosen as :class:`~.network.WgpuBitNet`
+        chooses it: greedy rows without a penalty by the device's argmax (4 bytes back, the
+        same choice among NaNs too), the others by their sampler on the read-back logits."""
+        self.lm_head(h[:0])  # the logits buffer and head dispatches
+        if self._argmax is None:
+            k = self.dev.kernel("argmax", N=self.vocab)
+            self._result = self.dev.buffer(16, "argmax")
+            self._argmax = Dispatch("argmax", k, self.dev.bind(k, self._logits, self._result),
+                                    (1, 1, 1), 4 * self.vocab)
+        out = []
+        for t, s in enumerate(samplers):
+            self.dev.write(self.xf, np.ascontiguousarray(h[t], np.float32))
+            if s.params.greedy and s.penalized_ids().size == 0:
+                self.dev.run(self._head + [self._argmax])
+                out.append(int(np.frombuffer(self.dev.read(self._result, 4), np.uint32)[0]))
+            else:
+                self.dev.run(self._head)
+                out.append(s.pick(np.frombuffer(self.dev.read(self._logits, 4 * self.vocab),
+                                                np.float32).copy()))
+        return out
+
+    # -- the screened head (exact_head.py, head.py) ------------------------------------------------
+    @property
+    def head_itemsize(self) -> int:
+        return self.head.row_bytes // self.dim
+
+    def head_depth(self) -> int:
+        from .head import GpuScreenedHead
+
+        return GpuScreenedHead.depth(self.dim)
+
+    def _screen(self) -> Any:
+        if self._screened is None:
+            from .head import GpuScreenedHead
+
+            self._screened = GpuScreenedHead(self.dev, self.head, self.xf)
+        return self._screened
+
+    def screen_tables(self) -> Any:
+        """The int8 copy of the head and its bound terms (made and uploaded on first use)."""
+        return self._screen().tables
+
+    def head_bounds(self, t: Any, xq: np.ndarray, par: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        return self._screen().bounds(t, xq, par)
+
+    def head_rows(self, h: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """``lm_head``'s logits of rows ``ids``: the same per-row WGSL, on the device."""
+        return self._screen().logits(h, ids)
+
+    def head_rows_bytes(self, ids: np.ndarray) -> int:
+        return len(ids) * self.head.row_bytes

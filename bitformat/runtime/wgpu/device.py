@@ -51,6 +51,8 @@ BINDINGS: dict[str, tuple[str, ...]] = {
     "rope": ("storage", "read", "read", "read", "storage", "storage", "uniform"),
     "attention": ("read", "read", "read", "storage", "storage", "uniform"),
     "lm_head": ("x", "read", "uniform", "storage"),
+    "lm_head_rows": ("x", "read", "uniform", "storage", "read"),
+    "screen": ("x", "read", "uniform", "storage"),
     "argmax": ("read", "storage"),
     "rans_gather": ("x", "read", "uniform", "storage", "storage", "storage"),
     "rans_matvec": ("x", "read", "read", "uniform", "x", "storage", "storage"),

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import RequestError, UnsupportedConversionError
+from ..exact_head import Head
 from ..models.base import ModelArgs
 from ..sampling import Sampler
 from .backend import WgpuBackend
@@ -91,8 +92,9 @@ class WgpuBitNet:
     """
 
     def __init__(self, args: ModelArgs, backend: WgpuBackend, *, context: int | None = None,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, head: str = "full"):
         self.args, self.be, self.dev = args, backend, backend.dev
+        self.head = Head(backend, head)  # how decode chooses tokens (exact_head.py)
         self._progress = progress  # (layer, n_layers) as each layer's weights are uploaded
         a, dev = args, backend.dev
         self.max_len = int(min(context or backend.context or a.context_length, a.context_length))
@@ -289,12 +291,44 @@ class WgpuBitNet:
         self.last_step_seconds = time.perf_counter() - t0
         return token
 
+    def forward_hidden(self, segments: Sequence[Any], *, all_positions: bool = False
+                       ) -> np.ndarray:
+        """Run one segment's tokens; the last one's final-normed hidden state [1, dim]
+        (float32): the bits the device's LM head reads (``dim * 4`` bytes back, no head)."""
+        if len(segments) != 1 or all_positions:
+            raise RequestError("the wgpu backend runs one sequence at a time, "
+                               "the last position's hidden state")
+        tokens, cache = segments[0].tokens, segments[0].cache
+        ids = self._check(tokens, cache)
+        t0 = time.perf_counter()
+        for i, tok in enumerate(ids):
+            self._submit(int(tok), cache.length + i, head=False, argmax=False,
+                         copy_logits=False)
+        x = np.frombuffer(self.dev.read(self.be.xf, 4 * self.args.dim), np.float32)
+        cache.length += ids.size
+        self.last_step_seconds = time.perf_counter() - t0
+        return x.reshape(1, -1).copy()
+
     def decode(self, segments: Sequence[Any], samplers: Sequence[Sampler]) -> list[int]:
         """:meth:`~..models.bitnet.BitNet.decode` for one sequence (the GPU holds one KV cache).
-        Greedy choices without a repetition penalty take the argmax on the GPU: 4 bytes back."""
+
+        The screened head (``head.mode``, docs/exact-head.md) reads the final hidden state
+        back and chooses with :class:`..exact_head.Head` (the int8 screen and the candidate
+        rows run on the device). The full head runs on the device in the step's command
+        buffer: greedy choices without a repetition penalty take the argmax on the GPU (4
+        bytes back), others read the logits."""
         if len(segments) != 1:
             raise RequestError("the wgpu backend runs one sequence at a time")
         seg, sampler = segments[0], samplers[0]
+        head = self.head
+        if head.mode == "screened" and not head.unavailable:
+            return head.select(self.forward_hidden([seg]), [sampler])
+        st = head.stats  # the full head, as Head._full counts it
+        st.steps += 1
+        st.rows += 1
+        st.head_bytes += head.full_bytes
+        if head.unavailable:
+            st.fallbacks[head.unavailable] += 1
         if sampler.params.greedy and sampler.penalized_ids().size == 0:
             return [self.forward_argmax(seg.tokens, seg.cache)]
         return [sampler.pick(self.forward(seg.tokens, seg.cache)[-1])]

@@ -1,0 +1,159 @@
+"""The screened LM head on the ``wgpu`` backend (docs/exact-head.md, "The wgpu backend").
+
+At load (on first use) the head's rows become the same int8 codes as on the cpu backend
+(:func:`..cpu.screen.quantize_bits`), uploaded as signed bytes, four to a word, in row chunks
+that each fit one storage binding. Per step and token:
+
+1. the host splits the hidden state ``x`` (the f32 bits the full head reads) into two int8
+   vectors (:meth:`..exact_head.ScreenTables.prepare`) and writes them (2 bytes per value);
+2. ``screen.wgsl`` computes every row's exact integer sums ``D1 = c . q1`` and ``D2 = c . q2``
+   (``dot4I8Packed``, int32: no rounding at all), 8 bytes per row come back;
+3. the host turns them into float64 bounds (:func:`..exact_head.bounds_from_sums`) and
+   :class:`..exact_head.Head` picks the candidates;
+4. ``lm_head_rows.wgsl`` computes the candidates' logits on the device with ``lm_head.wgsl``'s
+   own per-row code (``lm_head_row.wgsl``, pasted into both), 4 bytes per candidate back.
+
+The bound's rounding term is wider than the cpu backend's: the compilers between WGSL and the
+device (naga, the driver's) may reassociate and fuse the f32 sums, Vulkan leaves the rounding
+mode undefined and allows subnormals to be flushed (:func:`flushed_norms`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ...constants import GGMLType
+from .. import exact_head as EH
+from .device import UNIFORM_WORDS, Dispatch, GpuDevice
+
+WG = 64
+#: the device's unit roundoff as the bound assumes it: one ulp (2^-23), which covers
+#: round-to-nearest (2^-24) and the directed roundings Vulkan also allows
+UNIT = 2.0 ** -23
+#: below these magnitudes a value may be flushed to zero: f16 subnormals (2^-14) when the
+#: driver converts them, f32 (and bf16) subnormals (2^-126) in any arithmetic
+SUBNORMAL = {GGMLType.F16: 2.0 ** -14, GGMLType.BF16: 2.0 ** -126, GGMLType.F32: 2.0 ** -126}
+
+
+def flushed_norms(rows: np.ndarray, gtype: GGMLType, values: np.ndarray | None = None,
+                  block: int = 4096) -> np.ndarray:
+    """Per row, the norm of the values that a device flushing subnormals may read as 0.
+
+    ``rows``: the head's stored words (uint16 bits for F16/BF16, float32 for F32) [V, dim];
+    ``values``: the float32 value of every 16-bit pattern (F16/BF16)."""
+    V = rows.shape[0]
+    out = np.empty(V)
+    lim = SUBNORMAL[gtype]
+    for v0 in range(0, V, block):
+        r = rows[v0: v0 + block]
+        e = (values[r] if values is not None else r).astype(np.float64)
+        e = np.where(np.abs(e) < lim, e, 0.0)
+        out[v0: v0 + block] = np.sqrt((e * e).sum(axis=1))
+    return out
+
+
+class GpuScreenedHead:
+    """The int8 screen and the candidate rescoring of one head (a ``GpuEmbedding``)."""
+
+    def __init__(self, dev: GpuDevice, head: Any, xf: Any):
+        from ..cpu import head as H
+        from ..cpu import screen as S
+
+        self.dev, self.head, self.xf = dev, head, xf
+        V, dim = head.vocab, head.dim
+        gtype = head.gtype
+        rows = head.host_rows
+        width = EH.padded(dim)
+        codes = np.empty((V, width), np.uint8)
+        scale, dn, qn, en = (np.empty(V) for _ in range(4))
+        bad = np.empty(V, np.uint8)
+        lut = None
+        if gtype == GGMLType.F32:
+            E = np.ascontiguousarray(rows).view("<f4").reshape(V, dim)
+            S.quantize_f32(E, codes, scale, dn, qn, en, bad)
+        else:
+            E = np.ascontiguousarray(rows).view("<u2").reshape(V, dim)
+            lut = H.lut16(gtype.name)
+            S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad)
+        self.tables = EH.ScreenTables.build(
+            codes, scale, dn, qn, en, bad, dim, self.depth(dim), UNIT,
+            flushed=flushed_norms(E, gtype, lut), flush_x=True)
+        self.width, self.w4 = width, width // 4
+        if 2 * self.w4 > UNIFORM_WORDS:  # q1 and q2 share one 64 KiB block
+            raise ValueError(f"a screen of width {width} exceeds the 64 KiB input block")
+        # signed codes, four to a u32 word; rows chunked by the binding limit
+        signed = (codes ^ np.uint8(0x80)).view(np.int8)
+        step = max(1, dev.max_binding // width)
+        self.xq = dev.buffer(4 * UNIFORM_WORDS, "screen.xq", uniform=True)
+        self.sums = dev.buffer(8 * V, "screen.sums")
+        self.screen: list[Dispatch] = []
+        for r0 in range(0, V, step):
+            n = min(V, r0 + step) - r0
+            buf = dev.upload(signed[r0: r0 + n], f"screen.codes[{r0}:{r0 + n}]")
+            k = dev.kernel("screen", ROWS=n, W4=self.w4, LANES=dev.lanes)
+            p = dev.uniform(np.array([r0, 0, 0, 0], np.uint32))
+            self.screen.append(Dispatch("screen", k, dev.bind(k, self.xq, buf, p, self.sums),
+                                        dev.grid(math.ceil(n / (WG // dev.lanes))),
+                                        n * width + 2 * width))
+        # the rescoring: one dispatch per head chunk holding candidates
+        self.ids = dev.buffer(4 * V, "head_rows.ids")
+        self.out = dev.buffer(4 * V, "head_rows.logits")
+        self.kr = dev.kernel("lm_head_rows", DIM=dim, DTYPE=head.dtype, LANES=dev.lanes)
+        self.rows = []
+        for r0, n, buf in head.chunks:
+            p = dev.buffer(16, f"head_rows.params[{r0}]", uniform=True)
+            self.rows.append((r0, n, p, dev.bind(self.kr, xf, buf, p, self.out, self.ids)))
+
+    @staticmethod
+    def depth(dim: int) -> int:
+        """Roundings a product may pass through in ``lm_head.wgsl`` as any compiler evaluates it.
+
+        As written, a lane's product passes one rounding for itself, one in its 2-value dot,
+        one joining the two dots, then its chain (``ceil(dim / 4 / LANES)`` adds), the lanes'
+        ``LANES - 1`` and one for an odd pair: 643 for dim 2560 on one lane. But the sum is
+        not marked exact, so naga and the driver may reassociate or fuse it; any binary tree
+        over the dim products (each rounded once, or fused into its add) passes a product
+        through at most dim roundings. ``dim + 2`` covers every order."""
+        return dim + 2
+
+    @property
+    def nbytes(self) -> int:
+        return self.tables.nbytes
+
+    def bounds(self, t: EH.ScreenTables, xq: np.ndarray, par: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """``(lo, hi)`` float64 [n, V]: the device's integer sums, bounded on the host."""
+        V = t.scale.size
+        d1 = np.empty((xq.shape[0], V), np.int64)
+        d2 = np.empty_like(d1)
+        for i in range(xq.shape[0]):
+            self.dev.write(self.xq, np.ascontiguousarray(xq[i]).reshape(-1).view("<u4"))
+            self.dev.run(self.screen)
+            s = np.frombuffer(self.dev.read(self.sums, 8 * V), "<i4").reshape(V, 2)
+            d1[i], d2[i] = s[:, 0], s[:, 1]
+        return EH.bounds_from_sums(t, d1, d2, par)
+
+    def logits(self, h: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The full head kernel's logits of rows ``ids`` (ascending) [n, len(ids)], float32."""
+        ids = np.asarray(ids, np.int64)
+        dev = self.dev
+        out = np.empty((h.shape[0], ids.size), np.float32)
+        if ids.size == 0:
+            return out
+        dev.write(self.ids, ids.astype("<u4"))
+        items = []
+        for r0, n, p, group in self.rows:
+            a, b = np.searchsorted(ids, [r0, r0 + n])
+            dev.write(p, np.array([r0, b - a, a, 0], np.uint32))
+            if b > a:
+                items.append(Dispatch("lm_head_rows", self.kr, group,
+                                      dev.grid(math.ceil((b - a) / (WG // dev.lanes))),
+                                      int(b - a) * self.head.row_bytes))
+        for t in range(h.shape[0]):
+            dev.write(self.xf, np.ascontiguousarray(h[t], np.float32))
+            dev.run(items)
+            out[t] = np.frombuffer(dev.read(self.out, 4 * ids.size), np.float32)
+        return out
