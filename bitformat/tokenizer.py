@@ -406,15 +406,8 @@ def to_hf_files(metadata: dict[str, Any], out_dir: str | os.PathLike) -> list[st
                  "single_word": False, "special": ty != TOKEN_USER_DEFINED}
         for i, (t, ty) in enumerate(zip(d.tokens, d.token_types, strict=True))
         if ty != TOKEN_NORMAL}
-    config.update(special)
-    if d.chat_template is not None:
-        config["chat_template"] = d.chat_template
-    config.update({"clean_up_tokenization_spaces": True,
-                   "model_input_names": ["input_ids", "attention_mask"],
-                   "tokenizer_class": "PreTrainedTokenizerFast"})
-    for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
-        (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n",
-                                encoding="utf-8")
+    _write_hf_configs(out, config, special, d.chat_template,
+                      {"clean_up_tokenization_spaces": True})
     return d.uncarried(metadata)
 
 
@@ -441,16 +434,23 @@ def _spm_to_hf_files(metadata: dict[str, Any], out: Path) -> list[str]:
                  "single_word": False, "special": True}
         for i, (t, ty) in enumerate(zip(d.tokens, d.token_types, strict=True))
         if ty in (tokenizer_spm.TOKEN_CONTROL, tokenizer_spm.TOKEN_UNKNOWN)}
+    _write_hf_configs(out, config, special, d.chat_template,
+                      {"clean_up_tokenization_spaces": False, "legacy": True})
+    return d.uncarried(metadata)
+
+
+def _write_hf_configs(out: Path, config: dict[str, Any], special: dict[str, str],
+                      chat_template: str | None, extra: dict[str, Any]) -> None:
+    """``tokenizer_config.json`` (``config``, the special tokens, the chat template, ``extra``
+    and the keys every fast tokenizer has) and ``special_tokens_map.json``."""
     config.update(special)
-    if d.chat_template is not None:
-        config["chat_template"] = d.chat_template
-    config.update({"clean_up_tokenization_spaces": False, "legacy": True,
-                   "model_input_names": ["input_ids", "attention_mask"],
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    config.update({**extra, "model_input_names": ["input_ids", "attention_mask"],
                    "tokenizer_class": "PreTrainedTokenizerFast"})
     for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
         (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n",
                                 encoding="utf-8")
-    return d.uncarried(metadata)
 
 
 def from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:

@@ -22,7 +22,7 @@ from ..constants import GGML_BLOCK_LAYOUT, FileType, GGMLType
 from ..errors import InvalidScaleError, InvalidTritError, ShapeError
 from ..ternary import TernaryTensor
 from .base import TernaryFormat
-from .tq2_0 import first_code3
+from .tq2_0 import block_codes, first_code3
 
 QK = 64  # values per block
 QS_BYTES = QK // 4  # 16
@@ -54,7 +54,7 @@ class Q20(TernaryFormat):
     description = "ggml Q2_0: 2.25 bits per weight, 64-value blocks with an f16 scale each"
 
     def encode(self, t: TernaryTensor) -> np.ndarray:
-        codes = (t.trits.reshape(-1, QK) + np.int8(1)).view(np.uint8)
+        codes = block_codes(t, QK)
         nb = codes.shape[0]
         out = np.empty((nb, BLOCK_BYTES), dtype=np.uint8)
         out[:, :2] = t.scales.astype("<f2").reshape(nb, 1).view(np.uint8)

@@ -57,9 +57,9 @@ def first_code3(packed: np.ndarray) -> int | None:
     return int(np.flatnonzero(hit.reshape(-1))[0])
 
 
-def block_codes(t: TernaryTensor) -> np.ndarray:
-    """uint8 codes (trit + 1) of ``t`` as ``(n_blocks, 256)``, one row per TQ block."""
-    return (t.trits.reshape(-1, QK) + np.int8(1)).view(np.uint8)
+def block_codes(t: TernaryTensor, size: int = QK) -> np.ndarray:
+    """uint8 codes (trit + 1) of ``t`` as ``(n_blocks, size)``, one row per block (TQ: 256)."""
+    return (t.trits.reshape(-1, size) + np.int8(1)).view(np.uint8)
 
 
 class TQ20(TernaryFormat):
