@@ -328,15 +328,7 @@ def prepare(src: Path, out: Path, containers: list[str], llama: bool) -> tuple[d
     """Paths of each container (converted next to ``out`` if missing) and the files made."""
     from bitformat.container import convert
 
-    paths, made = {}, []
-    for fid in containers:
-        p = src if fid == "i2_s" else out / f"decode-{fid}.gguf"
-        if not p.exists():
-            t0 = time.perf_counter()
-            convert(src, p, fid)
-            made.append(p)
-            print(f"converted {fid} in {time.perf_counter() - t0:.1f} s", flush=True)
-        paths[fid] = p
+    paths, made = convert_missing(src, out, containers, "decode")
     if llama:
         tq2 = paths.get("tq2_0") or out / "decode-tq2_0.gguf"
         if not tq2.exists():
@@ -354,6 +346,24 @@ def bandwidth(repeat: int) -> float:
     from bench_runtime import read_bandwidth
 
     return read_bandwidth(repeat)
+
+
+def convert_missing(src: Path, out: Path, fids, prefix: str
+                    ) -> tuple[dict[str, Path], list[Path]]:
+    """``{fid: path}`` of ``src`` in each container ``fids`` (i2_s: ``src`` itself; the others
+    ``out/<prefix>-<fid>.gguf``, converted where missing) and the paths converted now."""
+    from bitformat.container import convert
+
+    paths, made = {}, []
+    for fid in fids:
+        p = src if fid == "i2_s" else out / f"{prefix}-{fid}.gguf"
+        if not p.exists():
+            t0 = time.perf_counter()
+            convert(src, p, fid)
+            made.append(p)
+            print(f"converted {fid} in {time.perf_counter() - t0:.1f} s", flush=True)
+        paths[fid] = p
+    return paths, made
 
 
 def main() -> None:

@@ -33,8 +33,6 @@ def cpu_ticks() -> tuple[int, int]:
 def main() -> None:
     import bench_decode as bd
 
-    from bitformat.container import convert
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="out/bench/2b4t.gguf", help="an i2_s 2B-4T synth")
     ap.add_argument("--out", default="out/bench", help="folder for the converted files")
@@ -49,15 +47,7 @@ def main() -> None:
     src = Path(a.model)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    paths, made = {"i2_s": src}, []
-    for fid in a.types:
-        p = out / f"types-{fid}.gguf"
-        if not p.exists():
-            t0 = time.perf_counter()
-            convert(src, p, fid)
-            made.append(p)
-            print(f"converted {fid} in {time.perf_counter() - t0:.1f} s", flush=True)
-        paths[fid] = p
+    paths, made = bd.convert_missing(src, out, ["i2_s", *a.types], "types")
     prompt = bd.make_prompt(src, a.prompt)
     busy0, total0 = cpu_ticks()
     t0 = time.perf_counter()
