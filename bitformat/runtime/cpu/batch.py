@@ -29,7 +29,15 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .head import _bf16_bits, _f16_bits
-from .kernels import KIND_I2S, PREFETCH, _dot2_portable, _dot2_vnni, _load64, _prefetch
+from .kernels import (
+    KIND_I2S,
+    PREFETCH,
+    _dot2_portable,
+    _dot2_vnni,
+    _load64,
+    _prefetch,
+    _vnni_functions,
+)
 
 #: tokens per pass of the kernels (a step of more tokens takes several passes per row)
 GROUPS = (8, 4, 2, 1)
@@ -52,10 +60,7 @@ def _make_dot_tokens(shifts: tuple[int, ...], nrows: int, ntok: int):
             w_arr, w_off, w_stride, x_arr, x_off, x_stride, t_stride, n = args
             wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
             xptr = context.make_array(signature.args[3])(context, builder, x_arr).data
-            vp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                _I32x16, [_I32x16] * 3), "llvm.x86.avx512.vpdpbusd.512")
-            red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                ir.IntType(32), [_I32x16]), "llvm.vector.reduce.add.v16i32")
+            vp, red = _vnni_functions(builder)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x16, None))
                     for _ in range(nrows * ntok)]
             three = ir.Constant(_I8x64, [3] * 64)

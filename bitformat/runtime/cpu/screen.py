@@ -22,7 +22,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..exact_head import FINE, REL
-from .kernels import L2, _load64, _prefetch
+from .kernels import L2, _load64, _prefetch, _vnni_functions
 
 #: bytes ahead that the screen prefetches, into L2 only (prefetcht1). The 328 MB int8 screen
 #: of 2B-4T, 2 threads (Intel Xeon with AMX): 10.9 ms with 2048 bytes into L1, 9.9 ms with
@@ -98,10 +98,7 @@ def _screen_dot(typingctx, w, w_off, x, x_off, n):
         w_arr, w_off, x_arr, x_off, n = args
         wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
         xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
-        vp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            _I32x16, [_I32x16] * 3), "llvm.x86.avx512.vpdpbusd.512")
-        red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            ir.IntType(32), [_I32x16]), "llvm.vector.reduce.add.v16i32")
+        vp, red = _vnni_functions(builder)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x16, None)) for _ in range(2)]
         width = builder.mul(n, ir.Constant(n.type, 64))
         with cgutils.for_range(builder, n) as loop:
