@@ -22,7 +22,11 @@ of a shift and an AND and two C tiles instead of four took a 13824 x 640-byte ma
 19.6 to 24.3 GB/s in cache and 13.1 to 15.8 GB/s from memory (T = 2: 25.2 -> 27.8 /
 16.1 -> 17.3; T = 16: 13.1 -> 18.6 / 10.5 -> 12.5); sharing the B tiles between two groups
 then gave T = 16 another ~30% in cache and ~15% from memory (2560 x 1728 bytes, T = 8:
-~15% / ~10%; 13824 x 640, T = 8: about even).
+~15% / ~10%; 13824 x 640, T = 8: about even). Both against the kernel before them, in one
+(busier) run: 13824 x 640, from memory / in cache, GB/s: T = 2 13.6 -> 15.8 / 22.6 -> 23.5,
+T = 8 11.3 -> 14.5 / 16.1 -> 20.9, T = 16 8.9 -> 11.8 / 10.8 -> 17.5; the whole decode step
+of the full-size 2B-4T (:func:`.decode.decode_rows`): 8 tokens 62.8 -> 55.4 ms, 16 tokens
+104.4 -> 90.8 ms.
 
 The sum runs over the columns in another order than the other kernels, but integer sums are
 exact, so ``out[t, r] = float32(dot - corr[t]) / s[t] * ws[r]`` equals theirs to the bit.
