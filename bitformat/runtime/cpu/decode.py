@@ -147,31 +147,55 @@ def _slots_rows(q, lane, cols, xg):
 
 
 @njit(cache=True)
-def _tiles(xg, kind):
-    """:func:`.amx.tile_activations` (no padding) compiled: int8 ``xg`` [T, 4, bpr] -> int32
-    [bpr // 64, 4, 16, T], slot order reversed for i2_s."""
-    T, _, bpr = xg.shape
+def _tiles(q, lane, kind, bpr):
+    """:func:`.amx.tile_activations` of the slot layout :func:`_slots_rows` gives ``q`` [T,
+    cols], straight from ``q``: int32 [bpr // 64, 4, 16, T], slot order reversed for i2_s.
+    Dword k of chunk i holds the activations of row bytes ``64 i + 4k .. + 3`` at one slot;
+    for lanes of 4 and more (i2_s x86 32, arm64 16) they are 4 consecutive values of ``q``,
+    copied as one int32 (element e of q, e a multiple of 4; 0 past ``cols``); stfma (lane 1)
+    gathers them byte by byte."""
+    T, cols = q.shape
     n = bpr // 64
-    out8 = np.empty((n, 4, 16, T, 4), np.int8)
+    out = np.zeros((n, 4, 16, T), np.int32)
+    if lane % 4 == 0 and cols % 4 == 0:
+        q32 = q.reshape(-1).view(np.int32)
+        w = cols // 4
+        for i in range(n):
+            for g in range(4):
+                src = 3 - g if kind == KIND_I2S else g
+                for k in range(16):
+                    m = i * 64 + 4 * k
+                    e = (m // lane) * 4 * lane + lane * src + m % lane
+                    if e < cols:
+                        for t in range(T):
+                            out[i, g, k, t] = q32[t * w + e // 4]
+        return out
+    out8 = out.reshape(-1).view(np.int8).reshape((n, 4, 16, T, 4))
     for i in range(n):
         for g in range(4):
             src = 3 - g if kind == KIND_I2S else g
             for k in range(16):
-                for t in range(T):
-                    for b in range(4):
-                        out8[i, g, k, t, b] = xg[t, src, i * 64 + 4 * k + b]
-    return out8.reshape(-1).view(np.int32).reshape((n, 4, 16, T))
+                for b in range(4):
+                    m = i * 64 + 4 * k + b
+                    e = (m // lane) * 4 * lane + lane * src + m % lane
+                    if e < cols:
+                        for t in range(T):
+                            out8[i, g, k, t, b] = q[t, e]
+    return out
 
 
 @njit(cache=True)
 def _matvec_rows(buf, mats, layer, which, q, s, ws, lane, cfg):
     """:meth:`.backend.CpuBackend.bitlinear` of 2..16 rows on AMX tiles
-    (:func:`.amx.mm2_amx_tokens`, the same kernel and bits)."""
+    (:func:`.amx.mm2_amx_tokens`, the same kernel and bits). The one-token slot layout
+    (``xg``) only serves rows past the last group of 16, so it is built only where there are
+    such rows."""
     W = _weight(buf, mats, layer, which)
     rows, bpr = W.shape
     T = q.shape[0]
     xg = np.empty((T, 4, bpr), np.int8)
-    _slots_rows(q, lane, q.shape[1], xg)
+    if rows % 16:
+        _slots_rows(q, lane, q.shape[1], xg)
     corr = np.empty(T, np.int32)
     for t in range(T):
         acc = np.int32(0)
@@ -181,7 +205,8 @@ def _matvec_rows(buf, mats, layer, which, q, s, ws, lane, cfg):
     kind = mats[layer, which, KIND]
     w0 = mats[layer, which, WS]
     out = np.empty((T, rows), np.float32)
-    mm2_amx_tokens(W, xg, _tiles(xg, kind), cfg, corr, s, ws[w0: w0 + rows], kind, out)
+    mm2_amx_tokens(W, xg, _tiles(q, lane, kind, bpr), cfg, corr, s, ws[w0: w0 + rows], kind,
+                   out)
     return out
 
 
