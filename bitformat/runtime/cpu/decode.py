@@ -27,7 +27,7 @@ import numpy as np
 from numba import carray, njit, prange
 
 from .amx import mm2_amx_tokens
-from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni
+from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
 from .ops import _f32_at, _head, _norm_row, _quantize_row, _rope
 
 #: columns of :data:`Plan.mats`: each matrix's offset in the arena, rows, bytes per row, offset
@@ -128,9 +128,12 @@ def _matvec(buf, mats, layer, which, q, s, ws, lane):
     kind = mats[layer, which, KIND]
     w0 = mats[layer, which, WS]
     out = np.empty(rows, np.float32)
-    for r in prange(rows):
-        d = _dot2_vnni(W[r], xg, 0, kind)
-        out[r] = np.float32(d - corr) / s * ws[w0 + r]
+    for p in prange((rows + 1) // 2):
+        r = 2 * p
+        d0, d1 = _dot2_vnni_pair(W, r, xg, 0, kind)
+        out[r] = np.float32(d0 - corr) / s * ws[w0 + r]
+        if r + 1 < rows:
+            out[r + 1] = np.float32(d1 - corr) / s * ws[w0 + r + 1]
     return out
 
 
