@@ -157,9 +157,9 @@ def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_by
         f"{' / '.join(f'{b:.1f}' for b in bw)} GB/s (before / after).", "",
         *rows, "",
         "The bandwidth-floor column divides the step's bytes by the read bandwidth above "
-        "(`bench_runtime.read_bandwidth`, numba row sums over 1 GiB) and by the step's time; "
-        "on this machine the head kernels stream faster than that reference, so it can pass "
-        "100 %.", "",
+        "(`bench_runtime.read_bandwidth`: the faster of two 2-thread numba read kernels over "
+        "1 GiB, row sums as they come and row sums prefetching 8 KiB ahead into L2, as the "
+        "model's kernels do) and by the step's time.", "",
         f"**Screened / full decode: {speedup:.2f}x**; the screened head reads "
         f"{res['screened']['head_bytes'] / full_head:.1%} of the f16 head's bytes per token "
         f"(the int8 screen with its scales and bound terms, {screen_bytes / 1e6:.1f} MB, plus "
