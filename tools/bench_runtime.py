@@ -94,6 +94,7 @@ def read_bandwidth(repeat: int) -> float:
     EPYC of shared/research/ground-truth.md the first reached 40-43 GB/s; on an Intel Xeon
     (AMX) VM it gives 16-17 GB/s while the f16 LM head kernel streams 28-29, so without the
     second the "bandwidth floor" would be below what the model's own kernels read."""
+    import numba
     from llvmlite import ir
     from numba import njit, prange, types
     from numba.extending import intrinsic
@@ -135,10 +136,17 @@ def read_bandwidth(repeat: int) -> float:
     a = np.ones((1 << 14, 1 << 13), dtype=np.uint64)  # 1 GiB
     out = np.empty(a.shape[0], np.uint64)
     best = 0.0
-    for fn in (rowsum, rowsum_prefetch):
-        fn(a, out)
-        assert int(out[0]) == a.shape[1]
-        best = max(best, a.nbytes / median_time(lambda i, fn=fn: fn(a, out), 1, repeat) / 1e9)
+    # every core: numba's thread count is per calling thread, and a loaded model's cpu
+    # backend may have left it at 1 (its small mat-vecs run on one thread)
+    before = numba.get_num_threads()
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    try:
+        for fn in (rowsum, rowsum_prefetch):
+            fn(a, out)
+            assert int(out[0]) == a.shape[1]
+            best = max(best, a.nbytes / median_time(lambda i, fn=fn: fn(a, out), 1, repeat) / 1e9)
+    finally:
+        numba.set_num_threads(before)
     return best
 
 
