@@ -182,10 +182,11 @@ def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_by
         "kernel's float32 rounding from its summation depth (160 FMAs per lane + a 4-level "
         "tree). A trained model's peaked logits leave fewer candidates than this Gaussian "
         "head. Narrower screens were not built: the bound scales with the codes' step, so on "
-        "this Gaussian head (simulated: 128,256 rows, each code width with the row scale that "
-        "minimizes its rounding error) int8 leaves 33 candidates per greedy step, int7 588 and "
-        "int6 16,827 (13 % of the vocabulary); an int4 screen would keep most of it. int7 "
-        "would read 41 MB less per step (about 1.5 ms here) for ~3 MB of rescored rows.",
+        "a Gaussian head (`tools/sim_screen_bits.py`: 128,256 rows, the bound's dominant term, "
+        "each row at the scale that minimizes its rounding error) int8 leaves 25 greedy "
+        "candidates, int7 420 and int6 15,671 (12 % of the vocabulary); an int4 screen would "
+        "keep most of it. int7 would read 41 MB less per step (about 1.5 ms here) for ~2 MB "
+        "of rescored rows.",
     ])
 
 
