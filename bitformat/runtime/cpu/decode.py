@@ -42,11 +42,25 @@ def _slots(q, lane, cols, xg):
     """``xg[0, g, m]`` = the activation that multiplies slot g of row byte m: element
     ``(m // lane) * 4 * lane + lane * g + m % lane`` of ``q[0]`` (0 past ``cols``); lane 32:
     i2_s x86, 16: arm64, 1: stfma (:func:`.kernels.slot_activations`)."""
+    _slots_row(q, 0, lane, cols, xg)
+
+
+@njit(inline="always")
+def _slots_row(q, t, lane, cols, xg):
+    """:func:`_slots` of row t of ``q`` into ``xg[t]``: for each block of ``lane`` row bytes,
+    four copies of ``lane`` consecutive activations (the element index once per block, not
+    per byte: a :func:`decode_row` step of the full-size 2B-4T went from 25.3 to 24.4 ms,
+    medians of interleaved runs on an Intel Xeon with AMX, 2 cores)."""
     bpr = xg.shape[2]
-    for g in range(4):
-        for m in range(bpr):
-            e = (m // lane) * 4 * lane + lane * g + m % lane
-            xg[0, g, m] = q[0, e] if e < cols else 0
+    for m0 in range(0, bpr, lane):
+        n = min(lane, bpr - m0)
+        for g in range(4):
+            e0 = (m0 // lane) * 4 * lane + lane * g
+            k1 = max(0, min(n, cols - e0))
+            for k in range(k1):
+                xg[t, g, m0 + k] = q[t, e0 + k]
+            for k in range(k1, n):
+                xg[t, g, m0 + k] = 0
 
 
 @njit(cache=True)
@@ -141,12 +155,8 @@ def _matvec(buf, mats, layer, which, q, s, ws, lane):
 @njit(cache=True)
 def _slots_rows(q, lane, cols, xg):
     """:func:`_slots` for every row t of ``q`` into ``xg[t]``."""
-    bpr = xg.shape[2]
     for t in range(q.shape[0]):
-        for g in range(4):
-            for m in range(bpr):
-                e = (m // lane) * 4 * lane + lane * g + m % lane
-                xg[t, g, m] = q[t, e] if e < cols else 0
+        _slots_row(q, t, lane, cols, xg)
 
 
 @njit(cache=True)

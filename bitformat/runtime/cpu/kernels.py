@@ -106,11 +106,12 @@ _I8x64 = ir.VectorType(ir.IntType(8), 64)
 #: kernel streamed 16 GB/s from DRAM against 25-27 GB/s with it (1024 was best of 512..4096).
 PREFETCH = 1024
 
-#: The 2-bit mat-vec (:func:`_make_vnni_dot`, every decode step's ternary matrices) prefetches
-#: this far ahead into L2 only (prefetcht1): more lines in flight than the L1 fill buffers
-#: allow. The 120 mat-vecs of a 2B-4T step, in arena order, 2 threads, DRAM-cold (Intel Xeon
-#: with AMX, 2 cores): 21.3 ms with 1024 bytes into L1, 18.5 ms with 4096-12288 into L2
-#: (24 -> 28 GB/s); 2048 into L2: 20.5 ms.
+#: The one-row 2-bit dot (:func:`_make_vnni_dot`; colpack rows and a last odd row, since the
+#: one-token mat-vecs take two rows per pass: :data:`PAIR_PREFETCH`) prefetches this far ahead
+#: into L2 only (prefetcht1): more lines in flight than the L1 fill buffers allow. Measured
+#: when it ran every decode step's matrices: the 120 mat-vecs of a 2B-4T step, in arena
+#: order, 2 threads, DRAM-cold (Intel Xeon with AMX, 2 cores): 21.3 ms with 1024 bytes into
+#: L1, 18.5 ms with 4096-12288 into L2 (24 -> 28 GB/s); 2048 into L2: 20.5 ms.
 ROW_PREFETCH = 6144
 #: Bytes ahead of each row that the two-row mat-vec of one token (:func:`_dot2_vnni_pair`)
 #: prefetches into L2. The 120 mat-vecs of a 2B-4T step as above, in one interleaved run:
