@@ -8,19 +8,21 @@ in one instruction, so the codes of 16 rows meet up to 16 tokens at once:
 
 - the A tile is 16 weight rows x 64 codes: one 64-byte chunk of each row, its slot at one
   shift (``(byte >> 2g) & 3``: the codes of 64 columns, one GFNI affine byte map), written
-  to a 4 KB scratch buffer (four tiles a chunk);
+  to a scratch buffer (four tiles a chunk);
 - the B tile is those 64 columns of every token as 16 dwords x T tokens (4 consecutive
   activations per dword): :func:`tile_activations` lays them out once per activation;
-- two C tiles (even and odd shifts) collect 16 rows x T int32 sums over the row.
+- a C tile per group of 16 rows collects its 16 rows x T int32 sums over the row (all four
+  shifts); two groups go together, so each B tile is loaded once for two A tiles.
 
-What it costs (Xeon with AMX, Sapphire Rapids class, 2 cores; 13824 x 640-byte rows, 2
-threads, T = 8): the code bytes (64 stores of 64 bytes a chunk) and the tile work (8 tile
-loads, 4 ``tdpbusd``) take about as long each and hardly overlap, and the epilogue (int32
-to float32 per row and token) about a tenth. Writing each shift's codes in one
-``vgf2p8affineqb`` instead of a shift and an AND, two C tiles instead of four, and loading a
-chunk's four A tiles before the next chunk's stores took 19.6 -> 24.3 GB/s with the matrix
-in cache and 13.1 -> 15.8 GB/s from memory (T = 2: 25.2 -> 27.8 / 16.1 -> 17.3; T = 16:
-13.1 -> 18.6 / 10.5 -> 12.5).
+What it costs (Xeon with AMX, Sapphire Rapids class, 2 cores; 2 threads, T = 8): the code
+bytes (64 stores of 64 bytes a group and chunk) and the tile work (8 tile loads, 4
+``tdpbusd``) take about as long each and hardly overlap; the epilogue (int32 to float32 per
+row and token) about a tenth. Writing each shift's codes with one ``vgf2p8affineqb`` instead
+of a shift and an AND and two C tiles instead of four took a 13824 x 640-byte matrix from
+19.6 to 24.3 GB/s in cache and 13.1 to 15.8 GB/s from memory (T = 2: 25.2 -> 27.8 /
+16.1 -> 17.3; T = 16: 13.1 -> 18.6 / 10.5 -> 12.5); sharing the B tiles between two groups
+then gave T = 16 another ~30% in cache and ~15% from memory (2560 x 1728 bytes, T = 8:
+~15% / ~10%; 13824 x 640, T = 8: about even).
 
 The sum runs over the columns in another order than the other kernels, but integer sums are
 exact, so ``out[t, r] = float32(dot - corr[t]) / s[t] * ws[r]`` equals theirs to the bit.
@@ -73,9 +75,9 @@ def available() -> bool:
 @functools.cache
 def tile_config(ntok: int) -> np.ndarray:
     """The 64-byte tile configuration (palette 1) for ``ntok`` tokens: tmm0, tmm1 C (16 rows
-    x ntok int32: even and odd shifts), tmm2..5 A (16 x 64 u8: a chunk's four shifts), tmm6,
-    tmm7 B (16 dwords x ntok). With 16 tokens every tile is 16 x 64 bytes
-    (:func:`mm2_amx_wide` numbers them its own way)."""
+    x ntok int32: two groups of 16 rows), tmm2..5 A (16 x 64 u8), tmm6, tmm7 B (16 dwords x
+    ntok). With 16 tokens every tile is 16 x 64 bytes (:func:`mm2_amx_wide` numbers them its
+    own way)."""
     cfg = np.zeros(64, np.uint8)
     cfg[0] = 1
     colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
@@ -124,18 +126,18 @@ def _codes(builder, v, g):
 
 
 def _make_amx_rows(nb: int):
-    """The tile loop for one block of tokens (``nb`` 0: up to 16 tokens, two C tiles) or
-    ``nb`` blocks of 16 (a C tile per block, all shifts summed in it)."""
+    """The tile loop of :func:`mm2_amx_wide` for ``nb`` blocks of 16 tokens (a C tile per
+    block, all shifts summed in it)."""
     return intrinsic(functools.partial(_amx_rows, nb))
 
 
 def _amx_rows(nb, typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
     """For ``ngroups`` groups of 16 rows from byte ``w_off`` of ``w`` (``bpr`` bytes a row,
-    ``bpr // 64`` chunks): tile sums against ``xb`` (:func:`tile_activations`) into
-    ``cout[group, 2, 16, ntok]`` int32 (even and odd shifts; with ``nb`` blocks
-    ``cout[group, nb, 16, 16]``, ``ntok`` = 16 nb). ``abuf``: an 8 KB scratch of
-    this thread for the A tiles (two sets: a chunk's codes are written while the tiles of
-    the chunk before are multiplied)."""
+    ``bpr // 64`` chunks): tile sums against ``xb`` (:func:`tile_activations`, ``ntok`` = 16
+    nb) into ``cout[group, nb, 16, 16]`` int32. ``abuf``: an 8 KB scratch of this thread for
+    the A tiles (two sets: a chunk's codes are written while the tiles of the chunk before
+    are multiplied). Tiles: C tmm0..nb-1, A tmm4, tmm5, B tmm6, tmm7 (``tile_config(16)``:
+    all 16 x 64 bytes)."""
     sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, abuf, cout)
 
     def codegen(context, builder, signature, args):
@@ -163,14 +165,11 @@ def _amx_rows(nb, typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
         n = builder.udiv(bpr, c(64))
         bstride = builder.mul(ntok, c(4))  # bytes per B-tile row
         bsize = builder.mul(bstride, c(16))  # bytes per B tile
-        # tiles (tile_config): nb 0: C tmm0, tmm1, A tmm2..5 (a chunk's four shifts), B tmm6,
-        # tmm7; nb blocks: C tmm0..nb-1, A tmm4, tmm5, B tmm6, tmm7
-        ncs = max(nb, 2)
         builder.call(ldcfg, [cptr])
         with cgutils.for_range(builder, ngroups) as grp:
             row0 = builder.add(w_off, builder.mul(grp.index, builder.mul(bpr, c(16))))
-            for t in range(ncs):
-                builder.call(zero, [tmm(t)])
+            for b in range(nb):
+                builder.call(zero, [tmm(b)])
 
             def expand(i):  # chunk i's codes of the 16 rows into A buffer i % 2
                 i64 = builder.mul(i, c(64))
@@ -187,60 +186,128 @@ def _amx_rows(nb, typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
                         builder.store(_codes(builder, wv, g),
                                       builder.bitcast(dst, _I8x64.as_pointer()), align=64)
 
-            def load_a(i, g, t):
+            def multiply(i):  # chunk i's A tiles times its B tiles
                 half = builder.mul(builder.and_(i, c(1)), c(4096))
-                builder.call(load, [tmm(t), builder.gep(aptr, [builder.add(half, c(g * 1024))]),
-                                    ir.Constant(_I64, 64)])
-
-            def load_b(i, g, b, t):  # B tile of chunk i, shift g, tokens 16b.. into tmm t
-                builder.call(load, [tmm(t), builder.gep(xptr, [builder.add(
-                    builder.mul(builder.add(builder.mul(i, c(4)), c(g)), bsize), c(64 * b))]),
-                    bstride])
-
-            def multiply(i, a_loaded=False):  # chunk i's A tiles times its B tiles
-                if not nb:
-                    for g in range(4):
-                        if not a_loaded:
-                            load_a(i, g, 2 + g)
-                    for g in range(4):
-                        load_b(i, g, 0, 6 + g % 2)
-                        builder.call(dp, [tmm(g % 2), tmm(2 + g), tmm(6 + g % 2)])
-                    return
                 for g in range(4):
-                    load_a(i, g, 4 + g % 2)
+                    a_t = tmm(4 + g % 2)
+                    builder.call(load, [a_t, builder.gep(aptr, [builder.add(half, c(g * 1024))]),
+                                        ir.Constant(_I64, 64)])
                     for b in range(nb):
-                        b_t = 6 + (g * nb + b) % 2
-                        load_b(i, g, b, b_t)
-                        builder.call(dp, [tmm(b), tmm(4 + g % 2), tmm(b_t)])
+                        b_t = tmm(6 + (g * nb + b) % 2)
+                        builder.call(load, [b_t, builder.gep(xptr, [builder.add(builder.mul(
+                            builder.add(builder.mul(i, c(4)), c(g)), bsize), c(64 * b))]),
+                            bstride])
+                        builder.call(dp, [tmm(b), a_t, b_t])
 
             # software-pipelined: the tiles load a chunk's codes one chunk after they were
-            # written (a tile load right after the stores waited for them: 4x slower); with
-            # one block of tokens chunk i's four A tiles load before chunk i + 1's stores
+            # written (a tile load right after the stores waited for them: 4x slower)
             expand(c(0))
             with cgutils.for_range(builder, builder.sub(n, c(1))) as loop:
-                if not nb:
-                    for g in range(4):
-                        load_a(loop.index, g, 2 + g)
                 expand(builder.add(loop.index, c(1)))
-                multiply(loop.index, a_loaded=not nb)
+                multiply(loop.index)
             multiply(builder.sub(n, c(1)))
-            if nb:  # nb tiles of 16 x 64 bytes
-                obase = builder.mul(grp.index, c(1024 * nb))
-                for b in range(nb):
-                    builder.call(store, [tmm(b), builder.gep(optr, [builder.add(
-                        obase, c(1024 * b))]), ir.Constant(_I64, 64)])
-            else:  # 2 tiles of 16 x 4T bytes
-                obase = builder.mul(grp.index, builder.mul(bsize, c(2)))
-                for t in range(2):
-                    builder.call(store, [tmm(t), builder.gep(optr, [builder.add(
-                        obase, builder.mul(bsize, c(t)))]), bstride])
+            obase = builder.mul(grp.index, c(1024 * nb))  # nb tiles of 16 x 64 bytes
+            for b in range(nb):
+                builder.call(store, [tmm(b), builder.gep(optr, [builder.add(
+                    obase, c(1024 * b))]), ir.Constant(_I64, 64)])
         builder.call(release, [])
         return context.get_dummy_value()
 
     return sig, codegen
 
 
-_amx_rows1, _amx_rows2, _amx_rows3, _amx_rows4 = (_make_amx_rows(nb) for nb in (0, 2, 3, 4))
+@intrinsic
+def _amx_pairs(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
+    """For ``ngroups`` groups of 16 rows from byte ``w_off`` of ``w`` (``bpr`` bytes a row,
+    ``bpr // 64`` chunks): tile sums against ``xb`` (:func:`tile_activations`, ``ntok``
+    tokens) into ``cout[group, 16, ntok]`` int32, two groups at a time: each B tile is loaded
+    once for both groups' A tiles of its shift, each group's four shifts sum into its C tile
+    (tmm0, tmm1; A tmm2..5 in turn, B tmm6, tmm7: :func:`tile_config`). ``abuf``: a 16 KB
+    scratch of this thread for the A tiles (two sets: a chunk's codes are written while the
+    tiles of the chunk before are multiplied -- a tile load right after the stores waited
+    for them: 4x slower)."""
+    sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, abuf, cout)
+
+    def codegen(context, builder, signature, args):
+        cfg_a, w_a, w_off, bpr, ngroups, xb_a, ntok, abuf_a, cout_a = args
+
+        def data(i, a):
+            return builder.bitcast(
+                context.make_array(signature.args[i])(context, builder, a).data, _P)
+
+        cptr, wptr, xptr, aptr, optr = (data(0, cfg_a), data(1, w_a), data(5, xb_a),
+                                        data(7, abuf_a), data(8, cout_a))
+        ldcfg = _fn(builder, "llvm.x86.ldtilecfg", [_P])
+        zero = _fn(builder, "llvm.x86.tilezero", [_I8])
+        load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P, _I64])
+        store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P, _I64])
+        dp = _fn(builder, "llvm.x86.tdpbusd", [_I8, _I8, _I8])
+        release = _fn(builder, "llvm.x86.tilerelease", [])
+
+        def c(v):
+            return ir.Constant(w_off.type, v)
+
+        def tmm(k):
+            return ir.Constant(_I8, k)
+
+        n = builder.udiv(bpr, c(64))
+        bstride = builder.mul(ntok, c(4))
+        bsize = builder.mul(bstride, c(16))
+        builder.call(ldcfg, [cptr])
+
+        def body(g0, ng):  # groups g0 .. g0 + ng - 1 (ng 1 or 2), C tiles tmm0 .. ng - 1
+            row0 = builder.add(w_off, builder.mul(g0, builder.mul(bpr, c(16))))
+            for j in range(ng):
+                builder.call(zero, [tmm(j)])
+
+            def expand(i):  # chunk i's codes of the 16 ng rows into A buffer i % 2
+                i64 = builder.mul(i, c(64))
+                half = builder.mul(builder.and_(i, c(1)), c(8192))
+                for k in range(16 * ng):
+                    wv = _load64(builder, wptr, builder.add(builder.add(
+                        row0, builder.mul(bpr, c(k))), i64))
+                    # the next groups' bytes, in order (one line per row and chunk)
+                    _prefetch(builder, wptr, builder.add(builder.add(
+                        row0, builder.mul(bpr, c(16 * ng))), builder.add(
+                        builder.mul(i, c(64 * 16 * ng)), c(64 * k))), L2)
+                    for g in range(4):
+                        dst = builder.gep(aptr, [builder.add(half, c(
+                            (k // 16 * 4 + g) * 1024 + k % 16 * 64))])
+                        builder.store(_codes(builder, wv, g),
+                                      builder.bitcast(dst, _I8x64.as_pointer()), align=64)
+
+            def multiply(i):  # chunk i: per shift one B tile, the groups' A tiles
+                half = builder.mul(builder.and_(i, c(1)), c(8192))
+                for g in range(4):
+                    b_t = tmm(6 + g % 2)
+                    builder.call(load, [b_t, builder.gep(xptr, [builder.mul(builder.add(
+                        builder.mul(i, c(4)), c(g)), bsize)]), bstride])
+                    for j in range(ng):
+                        a_t = tmm(2 + (g * ng + j) % 4)
+                        builder.call(load, [a_t, builder.gep(aptr, [builder.add(
+                            half, c((j * 4 + g) * 1024))]), ir.Constant(_I64, 64)])
+                        builder.call(dp, [tmm(j), a_t, b_t])
+
+            expand(c(0))
+            with cgutils.for_range(builder, builder.sub(n, c(1))) as loop:
+                expand(builder.add(loop.index, c(1)))
+                multiply(loop.index)
+            multiply(builder.sub(n, c(1)))
+            for j in range(ng):
+                builder.call(store, [tmm(j), builder.gep(optr, [builder.mul(
+                    builder.add(g0, c(j)), bsize)]), bstride])
+
+        with cgutils.for_range(builder, builder.udiv(ngroups, c(2))) as p:
+            body(builder.mul(p.index, c(2)), 2)
+        with builder.if_then(builder.icmp_unsigned("!=", builder.urem(ngroups, c(2)), c(0))):
+            body(builder.sub(ngroups, c(1)), 1)
+        builder.call(release, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_amx_rows2, _amx_rows3, _amx_rows4 = (_make_amx_rows(nb) for nb in (2, 3, 4))
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -256,18 +323,17 @@ def mm2_amx_tokens(W, XG, XB, cfg, corr, s, ws, kind, out):
     for b in prange(nblocks):
         g0 = b * gpb
         ng = min(gpb, groups - g0)
-        abuf = np.empty(8 * TILE_ROWS * 64 + 64, np.uint8)
+        abuf = np.empty(16 * TILE_ROWS * 64 + 64, np.uint8)
         a0 = (64 - abuf.ctypes.data % 64) % 64  # 64-byte aligned A tiles
-        cout = np.empty((ng, 2, TILE_ROWS, T), np.int32)
-        _amx_rows1(cfg, W, g0 * TILE_ROWS * bpr, bpr, ng, XB, T, abuf[a0:], cout)
+        cout = np.empty((ng, TILE_ROWS, T), np.int32)
+        _amx_pairs(cfg, W, g0 * TILE_ROWS * bpr, bpr, ng, XB, T, abuf[a0:], cout)
         f = np.empty((TILE_ROWS, T), np.float32)
         for gi in range(ng):
             r0 = (g0 + gi) * TILE_ROWS
             for k in range(TILE_ROWS):  # along the tile's rows: vcvtdq2ps, vdivps, vmulps
                 wk = ws[r0 + k]
                 for t in range(T):
-                    f[k, t] = np.float32(cout[gi, 0, k, t] + cout[gi, 1, k, t] - corr[t]) / s[
-                        t] * wk
+                    f[k, t] = np.float32(cout[gi, k, t] - corr[t]) / s[t] * wk
             for t in range(T):
                 for k in range(TILE_ROWS):
                     out[t, r0 + k] = f[k, t]
