@@ -85,10 +85,10 @@ def test_lm_head_tokens_rows_do_not_depend_on_the_batch(bf16, vocab, h):
             np.testing.assert_array_equal(part, together[t0:t0 + T], err_msg=f"T={T}")
 
 
-@pytest.mark.parametrize("vocab,width", [(37, 256), (48, 128), (300, 640)])
+@pytest.mark.parametrize("vocab,width", [(37, 256), (48, 128), (300, 640), (261, 128)])
 def test_screen_amx_equals_screen_vnni(vocab, width):
     from bitformat.runtime.cpu import amx
-    from bitformat.runtime.cpu.screen import screen_vnni
+    from bitformat.runtime.cpu.screen import SCREEN_BLOCK, block_maxima, screen_vnni
 
     if not amx.available():
         pytest.skip("needs AMX-INT8 (and Linux's permission for it)")
@@ -101,7 +101,12 @@ def test_screen_amx_equals_screen_vnni(vocab, width):
         par[:, 4:] = rng.integers(-300, 300, (T, 2))
         want = np.empty((2, T, vocab))
         got = np.empty((2, T, vocab))
-        screen_vnni(W, XQ, scale, A, N, par, want[0], want[1])
+        wmax, gmax = block_maxima(vocab, T), block_maxima(vocab, T)
+        screen_vnni(W, XQ, scale, A, N, par, want[0], want[1], wmax)
         amx.screen_amx(W, XQ, amx.screen_activations(XQ), amx.screen_config(T), scale, A, N,
-                       par, got[0], got[1])
+                       par, got[0], got[1], gmax)
         np.testing.assert_array_equal(got, want, err_msg=f"T={T}")
+        np.testing.assert_array_equal(gmax, wmax, err_msg=f"T={T}")
+        for b in range(gmax.shape[0]):  # each block's largest bounds
+            rows = slice(b * SCREEN_BLOCK, (b + 1) * SCREEN_BLOCK)
+            np.testing.assert_array_equal(gmax[b], got[:, :, rows].max(axis=2))

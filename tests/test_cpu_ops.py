@@ -62,6 +62,32 @@ def test_glu_norm_quant_same_bits_as_numpy(shape):
     np.testing.assert_array_equal(q, want.q)
 
 
+@pytest.mark.parametrize("layout,lane", [("x86", 32), ("arm64", 16), ("plain", 1)])
+@pytest.mark.parametrize("cols,bpr", [(2560, 640), (6912, 1728), (130, 40), (96, 24)])
+def test_slots_match_layout_table(layout, lane, cols, bpr):
+    """decode's activation layout (copied a block of ``lane`` bytes at a time) against the
+    per-byte formula, and against :func:`.kernels.slot_activations` where that applies."""
+    from bitformat.runtime.cpu import decode as D
+    from bitformat.runtime.cpu import kernels as K
+
+    rng = np.random.default_rng(5)
+    q = rng.integers(-128, 128, (3, cols)).astype(np.int8)
+    want = np.zeros((3, 4, bpr), np.int8)
+    for g in range(4):
+        for m in range(bpr):
+            e = (m // lane) * 4 * lane + lane * g + m % lane
+            if e < cols:
+                want[:, g, m] = q[:, e]
+    if layout == "plain" or cols % (4 * lane) == 0:
+        np.testing.assert_array_equal(want, K.slot_activations(q, layout, 4 * bpr))
+    xg = np.full((3, 4, bpr), 7, np.int8)
+    D._slots_rows(q, lane, cols, xg)
+    np.testing.assert_array_equal(xg, want)
+    x1 = np.full((1, 4, bpr), 7, np.int8)
+    D._slots(q[:1], lane, cols, x1)
+    np.testing.assert_array_equal(x1[0], want[0])
+
+
 @pytest.mark.parametrize("heads,kv,d,pos", [(8, 2, 16, 0), (8, 2, 16, 37), (4, 4, 32, 5),
                                            (20, 5, 128, 90)])
 def test_attend_one_matches_numpy(heads, kv, d, pos):

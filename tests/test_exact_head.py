@@ -44,6 +44,7 @@ def cpu_head_backend(E: np.ndarray, gtype: str = "F16", kernel: str | None = Non
     be._head_tokens = B.lm_head_tokens if kernel == "vnni" else None
     be._lut = None if kernel == "vnni" or gtype == "F32" else H.lut16(gtype)
     be._screen, be._pickers, be._threads_now, be.threads = None, None, 0, 2
+    be._bounds_scratch, be._bmax = {}, None
     be._set_threads = lambda n: None
     be.dtype, be.name = np.float32, "cpu"
     return be
@@ -90,8 +91,21 @@ def test_screen_kernels_match_numpy_reference(kernel, dim):
     other = S.screen_portable if kernel == "vnni" else None
     if other is not None:
         lo2, hi2 = np.empty_like(lo), np.empty_like(hi)
-        other(ref.codes, xq, ref.scale, ref.A, ref.N, par, lo2, hi2)
+        bmax = S.block_maxima(*lo.shape[::-1])
+        other(ref.codes, xq, ref.scale, ref.A, ref.N, par, lo2, hi2, bmax)
         assert np.array_equal(lo, lo2) and np.array_equal(hi, hi2)
+        assert np.array_equal(bmax, block_maxima_numpy(lo, hi))
+
+
+def block_maxima_numpy(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The screens' ``bmax`` [blocks, 2, T] from whole bounds [T, V], in numpy."""
+    from bitformat.runtime.cpu import screen as S
+
+    T, V = lo.shape
+    pad = -V % S.SCREEN_BLOCK
+    blocks = [np.pad(a, ((0, 0), (0, pad)), constant_values=-np.inf)
+              .reshape(T, -1, S.SCREEN_BLOCK).max(axis=2).T for a in (lo, hi)]
+    return np.stack(blocks, axis=1)
 
 
 def test_hidden_split_bounds_its_error():
@@ -276,3 +290,25 @@ def test_long_generations_checked(cpu_models):
         assert m.net.head.stats.steps == 240 and not m.net.head.stats.fallbacks
     finally:
         m.net.head = screened
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_compiled_greedy_candidates_equal_numpy(T):
+    """The cpu backend's candidate pass (screen.greedy_candidates, which reads only the blocks
+    whose largest upper bound reaches the top) picks the rows the numpy expression picks: ties
+    at the threshold, equal lower bounds in several rows, a vocabulary that is not a whole
+    number of blocks."""
+    from bitformat.runtime.cpu import screen as S
+
+    rng = np.random.default_rng(T)
+    V = 30 * S.SCREEN_BLOCK + 77
+    for trial in range(20):
+        a = rng.standard_normal((T, V)).round(1)  # many equal values
+        b = np.abs(rng.standard_normal((T, V))) * (0.05 if trial % 2 else 0.5)
+        lo, hi = a - b, a + b
+        top = lo.max(axis=1)
+        hi[:, rng.integers(0, V, 5)] = top[:, None]  # exactly at the threshold
+        want = np.flatnonzero((hi >= lo.max(axis=1, keepdims=True)).any(axis=0))
+        got = S.greedy_candidates(lo, hi, block_maxima_numpy(lo, hi))
+        assert got.dtype == np.int64 and np.array_equal(got, want)
+        assert want.size >= T

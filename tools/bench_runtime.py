@@ -88,7 +88,28 @@ def bench_decode(tokens: int, repeat: int, threads: int | None) -> None:
 
 # -- mat-vec bandwidth ----------------------------------------------------------------------------
 def read_bandwidth(repeat: int) -> float:
-    from numba import njit, prange
+    """The machine's read bandwidth (GB/s) as the fastest of two 2-thread read kernels over
+    1 GiB (huge pages): numba row sums as they come, and the same sums with each thread
+    prefetching 8 KiB ahead into L2 (``prefetcht1``, as the model's kernels do). On the AMD
+    EPYC of shared/research/ground-truth.md the first reached 40-43 GB/s; on an Intel Xeon
+    (AMX) VM it gives 16-17 GB/s while the f16 LM head kernel streams 28-29, so without the
+    second the "bandwidth floor" would be below what the model's own kernels read."""
+    import numba
+    from llvmlite import ir
+    from numba import njit, prange, types
+    from numba.extending import intrinsic
+
+    from bitformat.runtime.cpu.kernels import L2, _prefetch
+
+    @intrinsic
+    def prefetch(typingctx, a, i):
+        def codegen(context, builder, signature, args):
+            ptr = context.make_array(signature.args[0])(context, builder, args[0]).data
+            _prefetch(builder, builder.bitcast(ptr, ir.IntType(8).as_pointer()),
+                      builder.mul(args[1], ir.Constant(args[1].type, 8)), L2)
+            return context.get_dummy_value()
+
+        return types.void(a, types.intp), codegen
 
     @njit(parallel=True)
     def rowsum(a, out):
@@ -99,17 +120,41 @@ def read_bandwidth(repeat: int) -> float:
                 acc += row[k]
             out[r] = acc
 
+    @njit(parallel=True)
+    def rowsum_prefetch(a, out):
+        flat = a.reshape(-1)
+        n = a.shape[1]
+        for r in prange(a.shape[0]):
+            row = a[r]
+            acc = np.uint64(0)
+            for k0 in range(0, n, 8):  # a line of 8 values; prefetch 8 KiB ahead
+                prefetch(flat, min(r * n + k0 + 1024, flat.size - 1))
+                for k in range(k0, min(k0 + 8, n)):
+                    acc += row[k]
+            out[r] = acc
+
     a = np.ones((1 << 14, 1 << 13), dtype=np.uint64)  # 1 GiB
     out = np.empty(a.shape[0], np.uint64)
-    rowsum(a, out)
-    return a.nbytes / median_time(lambda i: rowsum(a, out), 1, repeat) / 1e9
+    best = 0.0
+    # every core: numba's thread count is per calling thread, and a loaded model's cpu
+    # backend may have left it at 1 (its small mat-vecs run on one thread)
+    before = numba.get_num_threads()
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    try:
+        for fn in (rowsum, rowsum_prefetch):
+            fn(a, out)
+            assert int(out[0]) == a.shape[1]
+            best = max(best, a.nbytes / median_time(lambda i, fn=fn: fn(a, out), 1, repeat) / 1e9)
+    finally:
+        numba.set_num_threads(before)
+    return best
 
 
 def bench_matvec(cold_mib: int, repeat: int) -> None:
     from bitformat.runtime.cpu import kernels as K
 
     bw = read_bandwidth(repeat)
-    print(f"read bandwidth (numba prange row sums, 1 GiB): {bw:.1f} GB/s")
+    print(f"read bandwidth (fastest numba read kernel, 1 GiB): {bw:.1f} GB/s")
     pool = np.empty(cold_mib << 20, dtype=np.uint8)
     pool[:] = np.arange(pool.size, dtype=np.uint64).astype(np.uint8)  # any bytes time the same
     modes = ["portable"] + (["vnni"] if K.kernel_mode() == "vnni" else [])

@@ -48,7 +48,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernels import KIND_I2S, L2, _dot2_vnni, _load64, _prefetch, host_features
-from .screen import _bounds, _screen_dot
+from .screen import SCREEN_BLOCK, _block_max, _bounds, _screen_dot
 
 #: rows of weights per A tile, and the most tokens a C tile holds
 TILE_ROWS = 16
@@ -469,14 +469,15 @@ def _screen_rows(typingctx, cfg, w, v0, width, ngroups, xb, ncol, cout):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def screen_amx(W, XQ, XB, cfg, scale, A, N, par, lo, hi):
+def screen_amx(W, XQ, XB, cfg, scale, A, N, par, lo, hi, bmax):
     """:func:`.screen.screen_vnni` for 2..8 tokens on AMX tiles: the codes (u8) go from
     memory straight into A tiles, each token's two vectors are two columns of B, so one
-    ``tdpbusd`` gives 16 rows x 2T sums. The same integers, so the same bounds."""
+    ``tdpbusd`` gives 16 rows x 2T sums. The same integers, so the same bounds (and block
+    maxima)."""
     V, width = W.shape
     T = XQ.shape[0]
     groups = V // TILE_ROWS
-    gpb = BLOCK_ROWS // TILE_ROWS
+    gpb = SCREEN_BLOCK // TILE_ROWS
     nblocks = (groups + gpb - 1) // gpb
     xflat = XQ.reshape(-1)
     for b in prange(nblocks):
@@ -485,14 +486,18 @@ def screen_amx(W, XQ, XB, cfg, scale, A, N, par, lo, hi):
         cout = np.empty((ng, 2, TILE_ROWS, 2 * T), np.int32)
         _screen_rows(cfg, W, g0 * TILE_ROWS, width, ng, XB, 2 * T, cout)
         for gi in range(ng):
-            for k in range(TILE_ROWS):
-                v = (g0 + gi) * TILE_ROWS + k
-                for t in range(T):
+            for t in range(T):
+                for k in range(TILE_ROWS):
+                    v = (g0 + gi) * TILE_ROWS + k
                     d1 = np.int64(cout[gi, 0, k, 2 * t]) + np.int64(cout[gi, 1, k, 2 * t])
                     d2 = (np.int64(cout[gi, 0, k, 2 * t + 1])
                           + np.int64(cout[gi, 1, k, 2 * t + 1]))
                     _bounds(v, t, d1, d2, scale, A, N, par, lo, hi)
+        _block_max(lo, hi, g0 * TILE_ROWS, (g0 + ng) * TILE_ROWS, bmax, b)
     for v in range(groups * TILE_ROWS, V):
         for t in range(T):
             r = _screen_dot(W, v * width, xflat, t * 2 * width, width // 64)
             _bounds(v, t, np.int64(r[0]), np.int64(r[1]), scale, A, N, par, lo, hi)
+    if groups * TILE_ROWS < V:
+        v0 = groups * TILE_ROWS
+        _block_max(lo, hi, v0, V, bmax, v0 // SCREEN_BLOCK)

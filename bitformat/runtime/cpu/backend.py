@@ -180,6 +180,8 @@ class CpuBackend(Backend):
         self._lut = None
         self._lut_f16: np.ndarray | None = None  # f16 -> f32 of every pattern (q2_0 kernel)
         self._screen: EH.ScreenTables | None = None
+        self._bounds_scratch: dict = {}  # T -> (lo, hi) of head_bounds
+        self._bmax = None  # (lo, hi, block maxima) of the last head_bounds
         if et == GGMLType.F32:
             self._E = self._head_raw.view("<f4")
         elif et in (GGMLType.F16, GGMLType.BF16):
@@ -611,15 +613,31 @@ class CpuBackend(Backend):
 
     def head_bounds(self, t: EH.ScreenTables, xq: np.ndarray, par: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
-        lo = np.empty((xq.shape[0], t.codes.shape[0]))
-        hi = np.empty_like(lo)
-        if self.amx and 2 <= xq.shape[0] <= A.SCREEN_TOKENS:  # a batched step: amx.py
+        """Every row's bounds ``(lo, hi)`` float64 [T, V] (:mod:`.screen`). The arrays are this
+        backend's scratch for T tokens: the next call with T tokens overwrites them."""
+        T, V = xq.shape[0], t.codes.shape[0]
+        lo, hi = self._bounds_scratch.get(T, (None, None))
+        if lo is None or lo.shape[1] != V:  # fresh pages cost: 16 MB at 8 tokens
+            lo, hi = self._bounds_scratch[T] = np.empty((T, V)), np.empty((T, V))
+        bmax = S.block_maxima(V, T)
+        if self.amx and 2 <= T <= A.SCREEN_TOKENS:  # a batched step: amx.py
             self._call(A.screen_amx, t.codes.nbytes, t.codes, xq, A.screen_activations(xq),
-                       A.screen_config(xq.shape[0]), t.scale, t.A, t.N, par, lo, hi)
-            return lo, hi
-        kernel = S.screen_vnni if self.kernel == "vnni" else S.screen_portable
-        self._call(kernel, t.codes.nbytes, t.codes, xq, t.scale, t.A, t.N, par, lo, hi)
+                       A.screen_config(T), t.scale, t.A, t.N, par, lo, hi, bmax)
+        else:
+            kernel = S.screen_vnni if self.kernel == "vnni" else S.screen_portable
+            self._call(kernel, t.codes.nbytes, t.codes, xq, t.scale, t.A, t.N, par, lo, hi,
+                       bmax)
+        self._bmax = (lo, hi, bmax)
         return lo, hi
+
+    def greedy_candidates(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """:meth:`.exact_head.Head._greedy_candidates` for float32 logits from the block maxima
+        of the last :meth:`head_bounds` (:func:`.screen.greedy_candidates`: the same rows), or
+        None for bounds it did not compute."""
+        last = self._bmax
+        if last is None or last[0] is not lo or last[1] is not hi:
+            return None
+        return S.greedy_candidates(lo, hi, last[2])
 
     def head_rows(self, h: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """The head kernel's logits of rows ``ids`` only: those rows gathered, then the same

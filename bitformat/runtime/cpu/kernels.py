@@ -106,12 +106,19 @@ _I8x64 = ir.VectorType(ir.IntType(8), 64)
 #: kernel streamed 16 GB/s from DRAM against 25-27 GB/s with it (1024 was best of 512..4096).
 PREFETCH = 1024
 
-#: The 2-bit mat-vec (:func:`_make_vnni_dot`, every decode step's ternary matrices) prefetches
-#: this far ahead into L2 only (prefetcht1): more lines in flight than the L1 fill buffers
-#: allow. The 120 mat-vecs of a 2B-4T step, in arena order, 2 threads, DRAM-cold (Intel Xeon
-#: with AMX, 2 cores): 21.3 ms with 1024 bytes into L1, 18.5 ms with 4096-12288 into L2
-#: (24 -> 28 GB/s); 2048 into L2: 20.5 ms.
+#: The one-row 2-bit dot (:func:`_make_vnni_dot`; colpack rows and a last odd row, since the
+#: one-token mat-vecs take two rows per pass: :data:`PAIR_PREFETCH`) prefetches this far ahead
+#: into L2 only (prefetcht1): more lines in flight than the L1 fill buffers allow. Measured
+#: when it ran every decode step's matrices: the 120 mat-vecs of a 2B-4T step, in arena
+#: order, 2 threads, DRAM-cold (Intel Xeon with AMX, 2 cores): 21.3 ms with 1024 bytes into
+#: L1, 18.5 ms with 4096-12288 into L2 (24 -> 28 GB/s); 2048 into L2: 20.5 ms.
 ROW_PREFETCH = 6144
+#: Bytes ahead of each row that the two-row mat-vec of one token (:func:`_dot2_vnni_pair`)
+#: prefetches into L2. The 120 mat-vecs of a 2B-4T step as above, in one interleaved run:
+#: one row at a time 21.8 ms; two rows with 4096, 6144, 8192, 12288 bytes into L2: 20.5,
+#: 19.8, 19.3, 19.7 ms; 2048 into L1: 21.4; none: 32.5 (reading the bytes without the
+#: arithmetic, one row at a time: 20.1).
+PAIR_PREFETCH = 8192
 #: llvm.prefetch locality: 3 = every level (prefetcht0), 2 = L2 and below (prefetcht1)
 L1, L2 = 3, 2
 
@@ -192,14 +199,15 @@ def _make_vnni_dot(shifts: tuple[int, ...], colpack: bool = False):
     return dot
 
 
-def _make_vnni_dot_rows(shifts: tuple[int, ...], nrows: int):
+def _make_vnni_dot_rows(shifts: tuple[int, ...], nrows: int, prefetch: int = 0):
     """Intrinsic ``dot(W, w_off, w_stride, xg, x_off, x_stride, n) -> nrows int32``: the dot of
     :func:`_make_vnni_dot` for rows ``w_off + k * w_stride`` (k < nrows) against one token.
 
-    For prompts: each 64-byte chunk of activations is loaded once for ``nrows`` rows, which
-    cuts the activation traffic from L2 (a prompt's activations do not fit L1) by ``nrows``
-    (4 rows: 16 zmm accumulators). A single token streams weights from memory instead, where
-    one row at a time is faster (shared/research/ground-truth.md), so decode keeps the other.
+    Each 64-byte chunk of activations is loaded once for ``nrows`` rows. For prompts that cuts
+    the activation traffic from L2 (a prompt's activations do not fit L1) by ``nrows`` (4 rows:
+    16 zmm accumulators). A single token streams its weights from memory: there two rows
+    (:data:`PAIR_PREFETCH`, ``prefetch`` bytes ahead of each row into L2) halve the loads and
+    the per-row work the stream has to hide (:func:`_dot2_vnni_pair`).
     """
 
     @intrinsic
@@ -225,6 +233,9 @@ def _make_vnni_dot_rows(shifts: tuple[int, ...], nrows: int):
                     woff = builder.add(builder.add(w_off, builder.mul(
                         w_stride, ir.Constant(n.type, k))), i64)
                     wv = _load64(builder, wptr, woff)
+                    if prefetch:
+                        _prefetch(builder, wptr, builder.add(woff, ir.Constant(n.type, prefetch)),
+                                  L2)
                     for g, sh in enumerate(shifts):
                         code = builder.and_(wv, ir.Constant(_I8x64, [3 << sh] * 64))
                         acc = accs[k][g]
@@ -394,6 +405,8 @@ _vnni_colpack = _make_vnni_dot((0, 2, 4, 6), colpack=True)
 PROMPT_ROWS = 4
 _vnni_i2s_rows = _make_vnni_dot_rows((6, 4, 2, 0), PROMPT_ROWS)
 _vnni_low_rows = _make_vnni_dot_rows((0, 2, 4, 6), PROMPT_ROWS)
+_vnni_i2s_pair = _make_vnni_dot_rows((6, 4, 2, 0), 2, PAIR_PREFETCH)
+_vnni_low_pair = _make_vnni_dot_rows((0, 2, 4, 6), 2, PAIR_PREFETCH)
 
 
 # -- scalar helpers -----------------------------------------------------------------------------
@@ -463,6 +476,29 @@ def _dot2_vnni(wr, XG, t, kind):
     return acc
 
 
+@njit(inline="always")
+def _dot2_vnni_pair(W, r, XG, t, kind):
+    """(:func:`_dot2_vnni` of row r, of row r + 1) of ``W`` against ``XG[t]``; both rows in one
+    pass over the chunks (:func:`_make_vnni_dot_rows`) for KIND_I2S and KIND_LOW. Row r + 1
+    past the last row gives 0."""
+    rows, bpr = W.shape
+    if r + 1 >= rows:
+        return _dot2_vnni(W[r], XG, t, kind), np.int32(0)
+    if kind == KIND_COLPACK:
+        return _dot2_vnni(W[r], XG, t, kind), _dot2_vnni(W[r + 1], XG, t, kind)
+    chunks = bpr // 64
+    x0 = t * 4 * bpr
+    if kind == KIND_I2S:
+        d0, d1 = _vnni_i2s_pair(W, r * bpr, bpr, XG, x0, bpr, chunks)
+    else:
+        d0, d1 = _vnni_low_pair(W, r * bpr, bpr, XG, x0, bpr, chunks)
+    done = chunks * 64
+    if done < bpr:
+        d0 += _dot2_portable(W[r], done, XG[t], done, bpr - done, kind)
+        d1 += _dot2_portable(W[r + 1], done, XG[t], done, bpr - done, kind)
+    return d0, d1
+
+
 # -- per-tensor-scale 2-bit formats: i2_s, stfma, colpack_u32 ------------------------------------
 @njit(parallel=True, cache=True)
 def mm2_portable(W, XG, corr, s, ws, kind, out):
@@ -481,12 +517,15 @@ def mm2_portable(W, XG, corr, s, ws, kind, out):
 
 @njit(parallel=True, cache=True)
 def mm2_vnni(W, XG, corr, s, ws, kind, out):
-    rows, bpr = W.shape
-    for r in prange(rows):
-        wr = W[r]
+    """:func:`mm2_portable` on vpdpbusd, two rows at a time (:func:`_dot2_vnni_pair`)."""
+    rows = W.shape[0]
+    for p in prange((rows + 1) // 2):
+        r = 2 * p
         for t in range(out.shape[0]):
-            d = _dot2_vnni(wr, XG, t, kind)
-            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+            d0, d1 = _dot2_vnni_pair(W, r, XG, t, kind)
+            out[t, r] = np.float32(d0 - corr[t]) / s[t] * ws[r]
+            if r + 1 < rows:
+                out[t, r + 1] = np.float32(d1 - corr[t]) / s[t] * ws[r + 1]
 
 
 @njit(parallel=True, cache=True)

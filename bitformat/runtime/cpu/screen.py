@@ -130,34 +130,92 @@ def _bounds(v, t, d1, d2, scale, A, N, par, lo, hi):
     hi[t, v] = a + b
 
 
+#: rows per share of the screens, and per entry of their block maxima (``bmax``)
+SCREEN_BLOCK = 128
+
+
+@njit(inline="always")
+def _block_max(lo, hi, v0, v1, bmax, b):
+    """Fold rows v0..v1 of the bounds into block b's maxima: ``bmax[b, 0, t]`` the largest lower
+    bound of token t, ``bmax[b, 1, t]`` the largest upper bound (starts at -inf)."""
+    for t in range(lo.shape[0]):
+        m0, m1 = bmax[b, 0, t], bmax[b, 1, t]
+        for v in range(v0, v1):
+            m0 = max(m0, lo[t, v])
+            m1 = max(m1, hi[t, v])
+        bmax[b, 0, t], bmax[b, 1, t] = m0, m1
+
+
+def block_maxima(V: int, T: int) -> np.ndarray:
+    """The screens' ``bmax`` for V rows and T tokens, every entry -inf."""
+    return np.full((-(-V // SCREEN_BLOCK), 2, T), -np.inf)
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def screen_vnni(W, XQ, scale, A, N, par, lo, hi):
+def screen_vnni(W, XQ, scale, A, N, par, lo, hi, bmax):
     """Bounds ``lo[t, v] <= l[t, v] <= hi[t, v]`` for every row v of the uint8 codes ``W``
-    [V, width] and every token t of ``XQ`` int8 [T, 2, width] (``exact_head.split_hidden``)."""
+    [V, width] and every token t of ``XQ`` int8 [T, 2, width] (``exact_head.split_hidden``),
+    and their maxima per block of ``SCREEN_BLOCK`` rows into ``bmax`` (:func:`block_maxima`),
+    which lets :func:`greedy_candidates` skip the blocks that hold no candidate."""
     V, width = W.shape
     T = XQ.shape[0]
     n = width // 64
     xflat = XQ.reshape(-1)
-    for v in prange(V):
-        for t in range(T):
-            r = _screen_dot(W, v * width, xflat, t * 2 * width, n)
-            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), scale, A, N, par, lo, hi)
+    for b in prange(bmax.shape[0]):
+        v1 = min(V, (b + 1) * SCREEN_BLOCK)
+        for v in range(b * SCREEN_BLOCK, v1):
+            for t in range(T):
+                r = _screen_dot(W, v * width, xflat, t * 2 * width, n)
+                _bounds(v, t, np.int64(r[0]), np.int64(r[1]), scale, A, N, par, lo, hi)
+        _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def screen_portable(W, XQ, scale, A, N, par, lo, hi):
+def screen_portable(W, XQ, scale, A, N, par, lo, hi, bmax):
     """:func:`screen_vnni` in plain numba (the same integers)."""
     V, width = W.shape
     T = XQ.shape[0]
-    for v in prange(V):
-        wr = W[v]
+    for b in prange(bmax.shape[0]):
+        v1 = min(V, (b + 1) * SCREEN_BLOCK)
+        for v in range(b * SCREEN_BLOCK, v1):
+            wr = W[v]
+            for t in range(T):
+                x1 = XQ[t, 0]
+                x2 = XQ[t, 1]
+                d1 = np.int32(0)
+                d2 = np.int32(0)
+                for k in range(width):
+                    c = np.int32(wr[k])
+                    d1 += c * np.int32(x1[k])
+                    d2 += c * np.int32(x2[k])
+                _bounds(v, t, np.int64(d1), np.int64(d2), scale, A, N, par, lo, hi)
+        _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
+
+
+@njit(cache=True, nogil=True)
+def greedy_candidates(lo, hi, bmax):
+    """:meth:`..exact_head.Head._greedy_candidates` of float64 bounds ``lo``, ``hi`` [T, V]
+    (float32 logits: no rounding) and their block maxima (a screen's ``bmax``): the rows,
+    ascending, whose upper bound reaches some token's largest lower bound. Only the blocks
+    whose largest upper bound reaches it are read."""
+    T, V = lo.shape
+    top = np.full(T, -np.inf)
+    for b in range(bmax.shape[0]):
         for t in range(T):
-            x1 = XQ[t, 0]
-            x2 = XQ[t, 1]
-            d1 = np.int32(0)
-            d2 = np.int32(0)
-            for k in range(width):
-                c = np.int32(wr[k])
-                d1 += c * np.int32(x1[k])
-                d2 += c * np.int32(x2[k])
-            _bounds(v, t, np.int64(d1), np.int64(d2), scale, A, N, par, lo, hi)
+            top[t] = max(top[t], bmax[b, 0, t])
+    out = []
+    for b in range(bmax.shape[0]):
+        hit = False
+        for t in range(T):
+            hit = hit or bmax[b, 1, t] >= top[t]
+        if not hit:
+            continue
+        for v in range(b * SCREEN_BLOCK, min(V, (b + 1) * SCREEN_BLOCK)):
+            for t in range(T):
+                if hi[t, v] >= top[t]:
+                    out.append(v)
+                    break
+    ids = np.empty(len(out), np.int64)
+    for i in range(len(out)):
+        ids[i] = out[i]
+    return ids
