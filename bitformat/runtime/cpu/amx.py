@@ -129,6 +129,31 @@ def _codes(builder, v, g):
                              ir.Constant(_I8, 0)])
 
 
+def _tile_setup(context, builder, signature, args):
+    """What the tile loops (:func:`_amx_rows`, :func:`_amx_pairs`) start with: the byte
+    pointers of ``w``, ``xb``, ``abuf`` and ``cout``; the tile intrinsics (tilezero,
+    tileloadd64, tilestored64, tdpbusd, tilerelease); constant makers for offsets and tile
+    numbers; and the tile configuration ``cfg`` loaded."""
+    def data(i):
+        return builder.bitcast(
+            context.make_array(signature.args[i])(context, builder, args[i]).data, _P)
+
+    fns = (_fn(builder, "llvm.x86.tilezero", [_I8]),
+           _fn(builder, "llvm.x86.tileloadd64", [_I8, _P, _I64]),
+           _fn(builder, "llvm.x86.tilestored64", [_I8, _P, _I64]),
+           _fn(builder, "llvm.x86.tdpbusd", [_I8, _I8, _I8]),
+           _fn(builder, "llvm.x86.tilerelease", []))
+
+    def c(v):
+        return ir.Constant(args[2].type, v)
+
+    def tmm(k):
+        return ir.Constant(_I8, k)
+
+    builder.call(_fn(builder, "llvm.x86.ldtilecfg", [_P]), [data(0)])
+    return (data(1), data(5), data(7), data(8)), fns, c, tmm
+
+
 def _make_amx_rows(nb: int):
     """The tile loop of :func:`mm2_amx_wide` for ``nb`` blocks of 16 tokens (a C tile per
     block, all shifts summed in it)."""
@@ -145,31 +170,12 @@ def _amx_rows(nb, typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
     sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, abuf, cout)
 
     def codegen(context, builder, signature, args):
-        cfg_a, w_a, w_off, bpr, ngroups, xb_a, ntok, abuf_a, cout_a = args
-
-        def data(i, a):
-            return builder.bitcast(
-                context.make_array(signature.args[i])(context, builder, a).data, _P)
-
-        cptr, wptr, xptr, aptr, optr = (data(0, cfg_a), data(1, w_a), data(5, xb_a),
-                                        data(7, abuf_a), data(8, cout_a))
-        ldcfg = _fn(builder, "llvm.x86.ldtilecfg", [_P])
-        zero = _fn(builder, "llvm.x86.tilezero", [_I8])
-        load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P, _I64])
-        store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P, _I64])
-        dp = _fn(builder, "llvm.x86.tdpbusd", [_I8, _I8, _I8])
-        release = _fn(builder, "llvm.x86.tilerelease", [])
-
-        def c(v):
-            return ir.Constant(w_off.type, v)
-
-        def tmm(k):
-            return ir.Constant(_I8, k)
-
+        _, _, w_off, bpr, ngroups, _, ntok, _, _ = args
+        (wptr, xptr, aptr, optr), (zero, load, store, dp, release), c, tmm = _tile_setup(
+            context, builder, signature, args)
         n = builder.udiv(bpr, c(64))
         bstride = builder.mul(ntok, c(4))  # bytes per B-tile row
         bsize = builder.mul(bstride, c(16))  # bytes per B tile
-        builder.call(ldcfg, [cptr])
         with cgutils.for_range(builder, ngroups) as grp:
             row0 = builder.add(w_off, builder.mul(grp.index, builder.mul(bpr, c(16))))
             for b in range(nb):
@@ -233,31 +239,12 @@ def _amx_pairs(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
     sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, abuf, cout)
 
     def codegen(context, builder, signature, args):
-        cfg_a, w_a, w_off, bpr, ngroups, xb_a, ntok, abuf_a, cout_a = args
-
-        def data(i, a):
-            return builder.bitcast(
-                context.make_array(signature.args[i])(context, builder, a).data, _P)
-
-        cptr, wptr, xptr, aptr, optr = (data(0, cfg_a), data(1, w_a), data(5, xb_a),
-                                        data(7, abuf_a), data(8, cout_a))
-        ldcfg = _fn(builder, "llvm.x86.ldtilecfg", [_P])
-        zero = _fn(builder, "llvm.x86.tilezero", [_I8])
-        load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P, _I64])
-        store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P, _I64])
-        dp = _fn(builder, "llvm.x86.tdpbusd", [_I8, _I8, _I8])
-        release = _fn(builder, "llvm.x86.tilerelease", [])
-
-        def c(v):
-            return ir.Constant(w_off.type, v)
-
-        def tmm(k):
-            return ir.Constant(_I8, k)
-
+        _, _, w_off, bpr, ngroups, _, ntok, _, _ = args
+        (wptr, xptr, aptr, optr), (zero, load, store, dp, release), c, tmm = _tile_setup(
+            context, builder, signature, args)
         n = builder.udiv(bpr, c(64))
-        bstride = builder.mul(ntok, c(4))
-        bsize = builder.mul(bstride, c(16))
-        builder.call(ldcfg, [cptr])
+        bstride = builder.mul(ntok, c(4))  # bytes per B-tile row
+        bsize = builder.mul(bstride, c(16))  # bytes per B tile
 
         def body(g0, ng):  # groups g0 .. g0 + ng - 1 (ng 1 or 2), C tiles tmm0 .. ng - 1
             row0 = builder.add(w_off, builder.mul(g0, builder.mul(bpr, c(16))))
