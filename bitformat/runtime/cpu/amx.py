@@ -133,7 +133,8 @@ def _tile_setup(context, builder, signature, args):
     """What the tile loops (:func:`_amx_rows`, :func:`_amx_pairs`) start with: the byte
     pointers of ``w``, ``xb``, ``abuf`` and ``cout``; the tile intrinsics (tilezero,
     tileloadd64, tilestored64, tdpbusd, tilerelease); constant makers for offsets and tile
-    numbers; and the tile configuration ``cfg`` loaded."""
+    numbers; the chunks per row, bytes per B-tile row and per B tile; and the tile
+    configuration ``cfg`` loaded."""
     def data(i):
         return builder.bitcast(
             context.make_array(signature.args[i])(context, builder, args[i]).data, _P)
@@ -150,8 +151,10 @@ def _tile_setup(context, builder, signature, args):
     def tmm(k):
         return ir.Constant(_I8, k)
 
+    bstride = builder.mul(args[6], c(4))  # ntok dwords a row
+    sizes = (builder.udiv(args[3], c(64)), bstride, builder.mul(bstride, c(16)))
     builder.call(_fn(builder, "llvm.x86.ldtilecfg", [_P]), [data(0)])
-    return (data(1), data(5), data(7), data(8)), fns, c, tmm
+    return (data(1), data(5), data(7), data(8)), fns, c, tmm, sizes
 
 
 def _make_amx_rows(nb: int):
@@ -170,12 +173,9 @@ def _amx_rows(nb, typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
     sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, abuf, cout)
 
     def codegen(context, builder, signature, args):
-        _, _, w_off, bpr, ngroups, _, ntok, _, _ = args
-        (wptr, xptr, aptr, optr), (zero, load, store, dp, release), c, tmm = _tile_setup(
-            context, builder, signature, args)
-        n = builder.udiv(bpr, c(64))
-        bstride = builder.mul(ntok, c(4))  # bytes per B-tile row
-        bsize = builder.mul(bstride, c(16))  # bytes per B tile
+        _, _, w_off, bpr, ngroups, _, _, _, _ = args
+        ((wptr, xptr, aptr, optr), (zero, load, store, dp, release), c, tmm,
+         (n, bstride, bsize)) = _tile_setup(context, builder, signature, args)
         with cgutils.for_range(builder, ngroups) as grp:
             row0 = builder.add(w_off, builder.mul(grp.index, builder.mul(bpr, c(16))))
             for b in range(nb):
@@ -239,12 +239,9 @@ def _amx_pairs(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
     sig = types.void(cfg, w, types.intp, types.intp, types.intp, xb, types.intp, abuf, cout)
 
     def codegen(context, builder, signature, args):
-        _, _, w_off, bpr, ngroups, _, ntok, _, _ = args
-        (wptr, xptr, aptr, optr), (zero, load, store, dp, release), c, tmm = _tile_setup(
-            context, builder, signature, args)
-        n = builder.udiv(bpr, c(64))
-        bstride = builder.mul(ntok, c(4))  # bytes per B-tile row
-        bsize = builder.mul(bstride, c(16))  # bytes per B tile
+        _, _, w_off, bpr, ngroups, _, _, _, _ = args
+        ((wptr, xptr, aptr, optr), (zero, load, store, dp, release), c, tmm,
+         (n, bstride, bsize)) = _tile_setup(context, builder, signature, args)
 
         def body(g0, ng):  # groups g0 .. g0 + ng - 1 (ng 1 or 2), C tiles tmm0 .. ng - 1
             row0 = builder.add(w_off, builder.mul(g0, builder.mul(bpr, c(16))))
