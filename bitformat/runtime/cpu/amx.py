@@ -157,6 +157,35 @@ def _tile_setup(context, builder, signature, args):
     return (data(1), data(5), data(7), data(8)), fns, c, tmm, sizes
 
 
+def _expand(builder, c, wptr, aptr, row0, bpr, i, rows, size):
+    """Chunk i's codes of ``rows`` rows (16 or 32) from byte ``row0`` into A buffer i % 2 of
+    the scratch ``aptr`` (buffers of ``size`` bytes): per group of 16 rows its four shifts'
+    tiles of 1 KB (group j, shift g at ``(4 j + g) KB``); and a prefetch of the next ``rows``
+    rows' bytes, in order (one line per row and chunk)."""
+    i64 = builder.mul(i, c(64))
+    half = builder.mul(builder.and_(i, c(1)), c(size))
+    for k in range(rows):
+        wv = _load64(builder, wptr, builder.add(builder.add(row0, builder.mul(bpr, c(k))), i64))
+        _prefetch(builder, wptr, builder.add(builder.add(row0, builder.mul(bpr, c(rows))),
+                                             builder.add(builder.mul(i, c(64 * rows)),
+                                                         c(64 * k))), L2)
+        for g in range(4):
+            dst = builder.gep(aptr, [builder.add(half, c(
+                (k // TILE_ROWS * 4 + g) * 1024 + k % TILE_ROWS * 64))])
+            builder.store(_codes(builder, wv, g), builder.bitcast(dst, _I8x64.as_pointer()),
+                          align=64)
+
+
+def _pipeline(builder, c, n, expand, multiply):
+    """Chunks 0..n-1 software-pipelined: the tiles load a chunk's codes one chunk after they
+    were written (a tile load right after the stores waited for them: 4x slower)."""
+    expand(c(0))
+    with cgutils.for_range(builder, builder.sub(n, c(1))) as loop:
+        expand(builder.add(loop.index, c(1)))
+        multiply(loop.index)
+    multiply(builder.sub(n, c(1)))
+
+
 def _make_amx_rows(nb: int):
     """The tile loop of :func:`mm2_amx_wide` for ``nb`` blocks of 16 tokens (a C tile per
     block, all shifts summed in it)."""
@@ -181,21 +210,6 @@ def _amx_rows(nb, typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
             for b in range(nb):
                 builder.call(zero, [tmm(b)])
 
-            def expand(i):  # chunk i's codes of the 16 rows into A buffer i % 2
-                i64 = builder.mul(i, c(64))
-                half = builder.mul(builder.and_(i, c(1)), c(4096))
-                for k in range(TILE_ROWS):
-                    off = builder.add(builder.add(row0, builder.mul(bpr, c(k))), i64)
-                    wv = _load64(builder, wptr, off)
-                    # the next group's bytes, in order (one line per row and chunk)
-                    _prefetch(builder, wptr, builder.add(builder.add(
-                        row0, builder.mul(bpr, c(TILE_ROWS))), builder.add(
-                        builder.mul(i, c(64 * TILE_ROWS)), c(64 * k))), L2)
-                    for g in range(4):
-                        dst = builder.gep(aptr, [builder.add(half, c(g * 1024 + k * 64))])
-                        builder.store(_codes(builder, wv, g),
-                                      builder.bitcast(dst, _I8x64.as_pointer()), align=64)
-
             def multiply(i):  # chunk i's A tiles times its B tiles
                 half = builder.mul(builder.and_(i, c(1)), c(4096))
                 for g in range(4):
@@ -209,13 +223,8 @@ def _amx_rows(nb, typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
                             bstride])
                         builder.call(dp, [tmm(b), a_t, b_t])
 
-            # software-pipelined: the tiles load a chunk's codes one chunk after they were
-            # written (a tile load right after the stores waited for them: 4x slower)
-            expand(c(0))
-            with cgutils.for_range(builder, builder.sub(n, c(1))) as loop:
-                expand(builder.add(loop.index, c(1)))
-                multiply(loop.index)
-            multiply(builder.sub(n, c(1)))
+            _pipeline(builder, c, n, lambda i: _expand(builder, c, wptr, aptr, row0, bpr, i,
+                                                       TILE_ROWS, 4096), multiply)
             obase = builder.mul(grp.index, c(1024 * nb))  # nb tiles of 16 x 64 bytes
             for b in range(nb):
                 builder.call(store, [tmm(b), builder.gep(optr, [builder.add(
@@ -248,22 +257,6 @@ def _amx_pairs(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
             for j in range(ng):
                 builder.call(zero, [tmm(j)])
 
-            def expand(i):  # chunk i's codes of the 16 ng rows into A buffer i % 2
-                i64 = builder.mul(i, c(64))
-                half = builder.mul(builder.and_(i, c(1)), c(8192))
-                for k in range(16 * ng):
-                    wv = _load64(builder, wptr, builder.add(builder.add(
-                        row0, builder.mul(bpr, c(k))), i64))
-                    # the next groups' bytes, in order (one line per row and chunk)
-                    _prefetch(builder, wptr, builder.add(builder.add(
-                        row0, builder.mul(bpr, c(16 * ng))), builder.add(
-                        builder.mul(i, c(64 * 16 * ng)), c(64 * k))), L2)
-                    for g in range(4):
-                        dst = builder.gep(aptr, [builder.add(half, c(
-                            (k // 16 * 4 + g) * 1024 + k % 16 * 64))])
-                        builder.store(_codes(builder, wv, g),
-                                      builder.bitcast(dst, _I8x64.as_pointer()), align=64)
-
             def multiply(i):  # chunk i: per shift one B tile, the groups' A tiles
                 half = builder.mul(builder.and_(i, c(1)), c(8192))
                 for g in range(4):
@@ -276,11 +269,8 @@ def _amx_pairs(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
                             half, c((j * 4 + g) * 1024))]), ir.Constant(_I64, 64)])
                         builder.call(dp, [tmm(j), a_t, b_t])
 
-            expand(c(0))
-            with cgutils.for_range(builder, builder.sub(n, c(1))) as loop:
-                expand(builder.add(loop.index, c(1)))
-                multiply(loop.index)
-            multiply(builder.sub(n, c(1)))
+            _pipeline(builder, c, n, lambda i: _expand(builder, c, wptr, aptr, row0, bpr, i,
+                                                       TILE_ROWS * ng, 8192), multiply)
             for j in range(ng):
                 builder.call(store, [tmm(j), builder.gep(optr, [builder.mul(
                     builder.add(g0, c(j)), bsize)]), bstride])

@@ -28,7 +28,7 @@ from numba import carray, njit, prange
 
 from .amx import mm2_amx_tokens
 from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
-from .ops import _f32_at, _head, _norm_row, _quantize_row, _rope
+from .ops import _f32_at, _head, _norm_row, _quantize_row, _rope, norm_quant_rows
 
 #: columns of :data:`Plan.mats`: each matrix's offset in the arena, rows, bytes per row, offset
 #: of its row scales in ``ws``, kernel kind
@@ -151,7 +151,6 @@ def _matvec(buf, mats, layer, which, q, s, ws, lane):
     return out
 
 
-
 @njit(cache=True)
 def _slots_rows(q, lane, cols, xg):
     """:func:`_slots` for every row t of ``q`` into ``xg[t]``."""
@@ -223,14 +222,6 @@ def _matvec_rows(buf, mats, layer, which, q, s, ws, lane, cfg):
     return out
 
 
-@njit(cache=True, parallel=True)
-def _norm_quant_rows(x, gain, eps, q, s):
-    for t in prange(x.shape[0]):
-        y = np.empty(x.shape[1], np.float32)
-        _norm_row(x[t], gain, eps, y)
-        s[t] = _quantize_row(y, q, t)
-
-
 @njit(cache=True, parallel=True, nogil=True)
 def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos,
                 sin, KV, d, h):
@@ -251,7 +242,7 @@ def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens,
     o = np.empty((T, dim), np.float32)
     g = np.empty((T, hidden), np.float32)
     for layer in range(mats.shape[0]):
-        _norm_quant_rows(h, gains[layer, 0, :dim], f32eps, q8, s)
+        norm_quant_rows(h, gains[layer, 0, :dim], f32eps, q8, s)
         y = _matvec_rows(buf, mats, layer, QKV, q8, s, ws, lane, cfg)
         for t in range(T):
             per = lens[t] * KV * d
@@ -267,18 +258,18 @@ def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens,
             vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
             _head(y[t, hh * d: (hh + 1) * d], cos[t], sin[t], kc, vc, hh // group,
                   pos[t] + 1, scale, o[t, hh * d: (hh + 1) * d])
-        _norm_quant_rows(o, gains[layer, 1, :dim], f32eps, q8, s)
+        norm_quant_rows(o, gains[layer, 1, :dim], f32eps, q8, s)
         y = _matvec_rows(buf, mats, layer, OUT, q8, s, ws, lane, cfg)
         for t in range(T):
             for j in range(dim):
                 h[t, j] = h[t, j] + y[t, j]
-        _norm_quant_rows(h, gains[layer, 2, :dim], f32eps, q8, s)
+        norm_quant_rows(h, gains[layer, 2, :dim], f32eps, q8, s)
         gu = _matvec_rows(buf, mats, layer, GATE_UP, q8, s, ws, lane, cfg)
         for t in range(T):
             for j in range(hidden):
                 a = max(gu[t, j], np.float32(0.0))
                 g[t, j] = a * a * gu[t, hidden + j]
-        _norm_quant_rows(g, gains[layer, 3, :hidden], f32eps, q8h, s)
+        norm_quant_rows(g, gains[layer, 3, :hidden], f32eps, q8h, s)
         y = _matvec_rows(buf, mats, layer, DOWN, q8h, s, ws, lane, cfg)
         for t in range(T):
             for j in range(dim):
