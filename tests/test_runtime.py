@@ -467,10 +467,37 @@ def test_thread_picker_follows_the_faster_setting():
     e = p.EXPLORE
     picks = [p.pick() for _ in range(2 * e)]
     assert picks.count(1) == 2 and picks.count(2) == 2 * e - 2  # explores every EXPLORE-th call
+    p.record(2, 1e9)  # one call that lost its core: not enough to switch
+    assert [p.pick() for _ in range(e)].count(1) == 1  # only the periodic look
     for _ in range(10):
         p.record(2, 1e9)  # the other cores got busy
     picks = [p.pick() for _ in range(8 * e)]
-    assert picks.count(2) == 2  # far slower: explored every 4 * EXPLORE-th call only
+    # tried again 2, 4, 8, ... calls after the switch (seen at its first call), then (far
+    # slower) at every 4 * EXPLORE-th call only
+    again = [i + 1 for i, n in enumerate(picks) if n == 2]
+    assert again[:5] == [3, 7, 15, 31, 63] and len(again) <= 12
+    assert [p.pick() for _ in range(8 * e)].count(2) == 2
+
+
+def test_thread_picker_recovers_from_a_noisy_switch():
+    """Two slow calls of the faster setting make the picker switch; the setting it left is
+    tried again 2, then 4 calls later and wins back once its median is clean (5 calls at the
+    slower setting), instead of a whole EXPLORE period later."""
+    from bitformat.runtime.cpu.backend import ThreadPicker
+
+    true = {2: 20e9, 1: 13e9}  # bytes/s of each setting on a quiet machine
+    p = ThreadPicker(2)
+    for _ in range(6):
+        n = p.pick()
+        p.record(n, true[n])
+    noisy = iter([5e9, 5e9])  # two unlucky calls of the 2-thread setting
+    picks = []
+    for _ in range(40):
+        n = p.pick()
+        picks.append(n)
+        p.record(n, next(noisy, true[n]) if n == 2 else true[n])
+    # slow, slow: switch; 2 calls later a look (its median is still slow), 4 later another: back
+    assert picks == [2, 2, 1, 1, 2, 1, 1, 1] + [2] * 32
 
 
 # -- rans: streams decoded inside the mat-vec (decode="fused"; "load": test_rans_runtime.py) -----

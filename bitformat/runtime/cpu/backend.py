@@ -106,15 +106,30 @@ class ThreadPicker:
     calls (2B-4T makes 150 ternary calls a token). Exploring costs: on 2B-4T every 32nd call
     cost 1-2 ms a token (a 1-thread call of gate and up takes twice as long), every 128th
     about a quarter of that.
+
+    A setting's rate is the median of its last ``KEEP`` calls (of two: the faster), so one
+    call that lost its core for a while (a page fault, another process's time slice) does not
+    flip the choice; two slow calls in three do. After a switch the setting left behind is
+    tried again ``RECHECK`` calls later, then after twice as many calls, and so on up to the
+    period above: its rate is what its last, possibly unlucky, calls gave, and waiting a whole
+    period to look again cost the server (one call per token for the fused one-token step) up
+    to 128 tokens at the slower setting. Once it wins back, the other needs no second look:
+    its rate comes from the calls it just ran.
     """
 
     EXPLORE = 128
+    KEEP = 3
+    RECHECK = 2
 
     def __init__(self, n: int):
         self.options = (n, 1)
         self.rate: dict[int, float] = {}
         self.seen: dict[int, int] = {}
+        self.recent: dict[int, list[float]] = {}
         self.calls = 0
+        self.leader: int | None = None
+        self.recheck = 0  # calls from one look at the former leader to the next
+        self.due: int | None = None  # the call that looks at it again
 
     def pick(self) -> int:
         self.calls += 1
@@ -123,14 +138,27 @@ class ThreadPicker:
                 return n
         best, other = sorted(self.options, key=self.rate.__getitem__, reverse=True)
         period = self.EXPLORE * (4 if self.rate[best] > 2 * self.rate[other] else 1)
+        if best != self.leader:
+            if self.due is not None:  # back to the setting left behind: the other's rate is fresh
+                self.due = None
+            elif self.leader is not None:  # a switch: look at the one left behind again soon
+                self.recheck = self.RECHECK
+                self.due = self.calls + self.recheck
+            self.leader = best
+        if self.due is not None and self.calls >= self.due:
+            self.recheck *= 2
+            self.due = self.calls + self.recheck if self.recheck < period else None
+            return other
         return other if self.calls % period == 0 else best
 
     def record(self, n: int, rate: float) -> None:
         self.seen[n] = self.seen.get(n, 0) + 1
         if self.seen[n] == 1:
             return  # warm-up
-        old = self.rate.get(n)
-        self.rate[n] = rate if old is None else 0.5 * old + 0.5 * rate
+        recent = self.recent.setdefault(n, [])
+        recent.append(rate)
+        del recent[:-self.KEEP]
+        self.rate[n] = sorted(recent)[len(recent) // 2]  # of two: the faster
 
 
 class CpuBackend(Backend):
