@@ -218,6 +218,11 @@ def report(a, counts: list[int], res: dict, seconds: float) -> None:
               f"{run:.1f} tok/s decode (rounds: "
               f"{', '.join(format(r['tps'], '.1f') for r in res['run'])}; other cores up to "
               f"{max(r['other'] for r in res['run']):.2f})."]
+    if 1 in counts and len(res["1"]) == len(res["run"]):  # (no round dropped on either side)
+        lines += ["", "One client, per round: " + ", ".join(
+            f"{r['tps']:.1f}" for r in res["1"]) + " tok/s; of the same round's `bitformat "
+            "run`: " + ", ".join(f"{r['tps'] / q['tps']:.2f}"
+                                  for r, q in zip(res["1"], res["run"], strict=True)) + "."]
     if 1 in counts and max(counts) >= 8:
         ratio, single = med(8, "aggregate") / one, med(1, "tps") / run
         lines += ["", f"Targets: 8 clients at least 4x the aggregate tok/s of one: "
