@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -199,6 +200,42 @@ def test_decode_row_same_bits_as_layer_by_layer(cpu_models, fid):
         np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
         np.testing.assert_array_equal(fused.k, layered.k, err_msg=f"k cache, step {step}")
         np.testing.assert_array_equal(fused.v, layered.v, err_msg=f"v cache, step {step}")
+
+
+@pytest.mark.parametrize("numba_threads,team,least", [
+    (1, 1, 64), (2, 2, 64), (2, 2, 1 << 20), (1, 2, 64), (1, 3, 4096), (2, 3, 64)])
+def test_decode_row_team_same_bits_for_any_team(cpu_models, numba_threads, team, least):
+    """The one-call step's threads share rows and heads phase by phase (:mod:`.cpu.team`):
+    the hidden state and the KV caches do not depend on how many threads take part, how
+    the rows were cut, or whether the team's threads ran at once. ``numba_threads`` below
+    ``team`` runs some members one after another on one thread: a member that came late finds
+    every phase done and must neither wait forever nor redo anything."""
+    from bitformat.runtime.cpu import decode as D
+
+    net, be = cpu_models["i2_s"].net, cpu_models["i2_s"].backend
+    plan = net._decode_plan()
+    if plan is None:
+        pytest.skip("the one-call step needs the vnni kernels")
+    rng = np.random.default_rng(9)
+    d2 = plan.head_dim // 2
+    cos, sin = (rng.standard_normal(d2).astype(np.float32) for _ in range(2))
+    h0 = rng.standard_normal((1, net.args.dim)).astype(np.float32)
+    k0 = rng.standard_normal(net.new_cache(16).k.shape).astype(np.float32)
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for n, k in ((1, 1), (min(numba_threads, numba.config.NUMBA_NUM_THREADS), team)):
+            numba.set_num_threads(n)
+            kc, vc, h = k0.copy(), k0 * np.float32(0.5), h0.copy()
+            for pos in range(8, 11):  # earlier positions: the random cache
+                D._decode_row(be._arena.buf, plan.mats, plan.ws, plan.gains, plan.eps, plan.lane,
+                              plan.heads, kc, vc, pos, cos, sin, k, least, h)
+            results.append((h, kc, vc))
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert np.isfinite(results[0][0]).all() and not np.array_equal(results[0][0], h0)
 
 
 @pytest.mark.parametrize("fid", ["i2_s", "stfma"])
