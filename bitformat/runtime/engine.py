@@ -157,9 +157,12 @@ class Engine:
         self._closing = False
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
-        #: called in the engine thread after each step's events (a server waits there until
-        #: its event loop has handed them on, see serve/__init__.py)
+        #: called in the engine thread after each step's events (a server hands them to its
+        #: event loop there, together, and waits until it has written them: serve/app.py)
         self.after_step = after_step
+        #: True while a step makes its events (in the engine thread): a listener may keep
+        #: them until ``after_step``
+        self.stepping = False
         self.steps = 0  # forward passes run
         self.tokens = 0  # tokens generated
 
@@ -256,14 +259,23 @@ class Engine:
                         _fail(h, _as_error(exc))
                 self._active = [s for s in self._active if not s.handle.cancelled]
             if self._active:
+                failed = None
+                self.stepping = True
                 try:
                     self._step()
-                    if self.after_step is not None:
-                        self.after_step()
                 except Exception as exc:  # a failure ends the requests in flight, not the engine
-                    log.exception("a batched step failed")
+                    failed = exc
+                finally:
+                    self.stepping = False
+                if self.after_step is not None:  # hands on this step's events, those of a
+                    try:  # failed step included, before any error event
+                        self.after_step()
+                    except Exception:
+                        log.exception("after_step failed")
+                if failed is not None:
+                    log.error("a batched step failed", exc_info=failed)
                     for s in self._active:
-                        s.emit("", None, "error", _as_error(exc))
+                        s.emit("", None, "error", _as_error(failed))
                     self._remove(list(self._active))
         stopping = UnavailableError("the server is shutting down")
         with self._cv:

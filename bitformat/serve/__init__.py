@@ -58,7 +58,6 @@ def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
         engine = Engine(model.net, model.tokenizer, max_batch=max_batch, context=context,
                         max_queue=max_queue).start()
         server = Server(engine, model.tokenizer, model_id(path), int(time.time()))
-        engine.after_step = server.wait_for_loop
         config = uvicorn.Config(server.app(api_key), host=host, port=port, log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=5)
         info = {"model": server.model_id, "backend": backend, "max_batch": max_batch,
