@@ -239,10 +239,16 @@ def test_decode_row_team_same_bits_for_any_team(cpu_models, numba_threads, team,
 
 
 @pytest.mark.parametrize("fid", ["i2_s", "stfma"])
-def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid):
+@pytest.mark.parametrize("team", [None, 3])
+def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypatch):
     """A batched decode step in one call (AMX tiles, :func:`decode.decode_rows`) against the
     same step layer by layer: hidden states and every request's caches equal, 12 steps of 5
-    requests whose caches have different lengths and positions."""
+    requests whose caches have different lengths and positions; also by a team of 3 threads
+    (:mod:`.cpu.team`) on however many threads numba runs, members one after another included."""
+    from bitformat.runtime.cpu import decode as D
+
+    if team is not None:
+        monkeypatch.setattr(D, "get_num_threads", lambda: team)
     lm = cpu_models[fid]
     net, be = lm.net, lm.backend
     plan = net._decode_plan()

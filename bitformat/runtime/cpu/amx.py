@@ -288,6 +288,38 @@ def _amx_pairs(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
 _amx_rows2, _amx_rows3, _amx_rows4 = (_make_amx_rows(nb) for nb in (2, 3, 4))
 
 
+@njit(cache=True)
+def block_scratch(T):
+    """A thread's scratch for :func:`amx_block`: the A-tile buffer (64-byte aligned), the
+    block's int32 sums and one group's float results."""
+    abuf = np.empty(16 * TILE_ROWS * 64 + 64, np.uint8)
+    a0 = (64 - abuf.ctypes.data % 64) % 64
+    gpb = BLOCK_ROWS // TILE_ROWS
+    return (abuf[a0:], np.empty((gpb, TILE_ROWS, T), np.int32),
+            np.empty((TILE_ROWS, T), np.float32))
+
+
+@njit(cache=True, nogil=True)
+def amx_block(W, b, XB, cfg, corr, s, ws, out, abuf, cout, f):
+    """Block b (``BLOCK_ROWS`` rows, its whole groups of 16) of :func:`mm2_amx_tokens`."""
+    rows, bpr = W.shape
+    T = out.shape[0]
+    groups = rows // TILE_ROWS
+    gpb = BLOCK_ROWS // TILE_ROWS
+    g0 = b * gpb
+    ng = min(gpb, groups - g0)
+    _amx_pairs(cfg, W, g0 * TILE_ROWS * bpr, bpr, ng, XB, T, abuf, cout)
+    for gi in range(ng):
+        r0 = (g0 + gi) * TILE_ROWS
+        for k in range(TILE_ROWS):  # along the tile's rows: vcvtdq2ps, vdivps, vmulps
+            wk = ws[r0 + k]
+            for t in range(T):
+                f[k, t] = np.float32(cout[gi, k, t] - corr[t]) / s[t] * wk
+        for t in range(T):
+            for k in range(TILE_ROWS):
+                out[t, r0 + k] = f[k, t]
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def mm2_amx_tokens(W, XG, XB, cfg, corr, s, ws, kind, out):
     """:func:`.kernels.mm2_vnni` for 2..16 tokens (KIND_I2S, KIND_LOW; ``bpr % 64 == 0``) on
@@ -299,22 +331,8 @@ def mm2_amx_tokens(W, XG, XB, cfg, corr, s, ws, kind, out):
     gpb = BLOCK_ROWS // TILE_ROWS
     nblocks = (groups + gpb - 1) // gpb
     for b in prange(nblocks):
-        g0 = b * gpb
-        ng = min(gpb, groups - g0)
-        abuf = np.empty(16 * TILE_ROWS * 64 + 64, np.uint8)
-        a0 = (64 - abuf.ctypes.data % 64) % 64  # 64-byte aligned A tiles
-        cout = np.empty((ng, TILE_ROWS, T), np.int32)
-        _amx_pairs(cfg, W, g0 * TILE_ROWS * bpr, bpr, ng, XB, T, abuf[a0:], cout)
-        f = np.empty((TILE_ROWS, T), np.float32)
-        for gi in range(ng):
-            r0 = (g0 + gi) * TILE_ROWS
-            for k in range(TILE_ROWS):  # along the tile's rows: vcvtdq2ps, vdivps, vmulps
-                wk = ws[r0 + k]
-                for t in range(T):
-                    f[k, t] = np.float32(cout[gi, k, t] - corr[t]) / s[t] * wk
-            for t in range(T):
-                for k in range(TILE_ROWS):
-                    out[t, r0 + k] = f[k, t]
+        abuf, cout, f = block_scratch(T)
+        amx_block(W, b, XB, cfg, corr, s, ws, out, abuf, cout, f)
     for r in range(groups * TILE_ROWS, rows):
         for t in range(T):
             out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]

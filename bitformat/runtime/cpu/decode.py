@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import carray, get_num_threads, njit, prange
 
-from .amx import mm2_amx_tokens
-from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
-from .ops import _f32_at, _head, _norm_row, _quantize_row, _rope, norm_quant_rows
+from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, block_scratch
+from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni, _dot2_vnni_pair
+from .ops import _f32_at, _head, _norm_row, _quantize_row, _rope
 from .team import DONE, SYNC_WIDTH, claim, fetch_add, finish, load_acquire, serial, wait_done
 
 #: columns of :data:`Plan.mats`: each matrix's offset in the arena, rows, bytes per row, offset
@@ -256,16 +256,16 @@ def _slots_rows(q, lane, cols, xg):
 
 
 @njit(cache=True)
-def _tiles(q, lane, kind, bpr):
+def _tiles_into(q, lane, kind, bpr, out):
     """:func:`.amx.tile_activations` of the slot layout :func:`_slots_rows` gives ``q`` [T,
-    cols], straight from ``q``: int32 [bpr // 64, 4, 16, T], slot order reversed for i2_s.
-    Dword k of chunk i holds the activations of row bytes ``64 i + 4k .. + 3`` at one slot;
-    for lanes of 4 and more (i2_s x86 32, arm64 16) they are 4 consecutive values of ``q``,
-    copied as one int32 (element e of q, e a multiple of 4; 0 past ``cols``); stfma (lane 1)
-    gathers them byte by byte."""
+    cols], straight from ``q``, into ``out`` int32 [bpr // 64, 4, 16, T], slot order reversed
+    for i2_s. Dword k of chunk i holds the activations of row bytes ``64 i + 4k .. + 3`` at one
+    slot; for lanes of 4 and more (i2_s x86 32, arm64 16) they are 4 consecutive values of
+    ``q``, copied as one int32 (element e of q, e a multiple of 4; 0 past ``cols``); stfma
+    (lane 1) gathers them byte by byte."""
     T, cols = q.shape
     n = bpr // 64
-    out = np.zeros((n, 4, 16, T), np.int32)
+    out[:] = 0
     if lane % 4 == 0 and cols % 4 == 0:
         q32 = q.reshape(-1).view(np.int32)
         w = cols // 4
@@ -278,7 +278,7 @@ def _tiles(q, lane, kind, bpr):
                     if e < cols:
                         for t in range(T):
                             out[i, g, k, t] = q32[t * w + e // 4]
-        return out
+        return
     out8 = out.reshape(-1).view(np.int8).reshape((n, 4, 16, T, 4))
     for i in range(n):
         for g in range(4):
@@ -290,87 +290,215 @@ def _tiles(q, lane, kind, bpr):
                     if e < cols:
                         for t in range(T):
                             out8[i, g, k, t, b] = q[t, e]
-    return out
 
 
-@njit(cache=True)
-def _matvec_rows(buf, mats, layer, which, q, s, ws, lane, cfg):
-    """:meth:`.backend.CpuBackend.bitlinear` of 2..16 rows on AMX tiles
-    (:func:`.amx.mm2_amx_tokens`, the same kernel and bits). The one-token slot layout
-    (``xg``) only serves rows past the last group of 16, so it is built only where there are
-    such rows."""
-    W = _weight(buf, mats, layer, which)
-    rows, bpr = W.shape
-    T = q.shape[0]
-    xg = np.empty((T, 4, bpr), np.int8)
-    if rows % 16:
-        _slots_rows(q, lane, q.shape[1], xg)
-    corr = np.empty(T, np.int32)
-    for t in range(T):
-        acc = np.int32(0)
-        for j in range(q.shape[1]):
-            acc += np.int32(q[t, j])
-        corr[t] = acc
-    kind = mats[layer, which, KIND]
-    w0 = mats[layer, which, WS]
-    out = np.empty((T, rows), np.float32)
-    mm2_amx_tokens(W, xg, _tiles(q, lane, kind, bpr), cfg, corr, s, ws[w0: w0 + rows], kind,
-                   out)
-    return out
-
-
-@njit(cache=True, parallel=True, nogil=True)
-def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos,
-                sin, KV, d, h):
+def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
+                KV, d, h):
     """:func:`decode_row` for T = 2..16 tokens, each on its own cache (a batched decode step):
     ``h`` float32 [T, dim] in place; token t's cache is a float32 array [layers, lens[t], KV,
     d] at addresses ``kaddr[t]``/``vaddr[t]`` (:func:`.ops.attend_rows`), its position
     ``pos[t]``, its RoPE ``cos[t]``/``sin[t]``. The mat-vecs run on AMX tiles (``cfg``:
-    :func:`.amx.tile_config` of T)."""
+    :func:`.amx.tile_config` of T, :func:`.amx.amx_block`), a team of threads in one parallel
+    region as :func:`decode_row`'s (blocks of ``BLOCK_ROWS`` rows taken guided)."""
+    _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
+                 KV, d, get_num_threads(), h)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
+                 KV, d, threads, h):
+    """:func:`decode_rows` by a team of ``threads``."""
+    T, dim = h.shape
+    hidden = mats[0, GATE_UP, ROWS] // 2
+    bpr = 0
+    for w in range(4):
+        bpr = max(bpr, mats[0, w, BPR])
+    q8 = np.empty((T, dim), np.int8)
+    q8h = np.empty((T, hidden), np.int8)
+    s = np.empty(T, np.float32)
+    corr = np.empty(T, np.int32)
+    xg = np.empty(T * 4 * bpr, np.int8)  # the one-token slots, for rows past the last 16
+    xb = np.empty(bpr // 64 * 4 * 16 * T, np.int32)  # the AMX activation tiles
+    y = np.empty((T, mats[0, QKV, ROWS]), np.float32)
+    o = np.empty((T, dim), np.float32)
+    gu = np.empty((T, 2 * hidden), np.float32)
+    g = np.empty((T, hidden), np.float32)
+    sync = np.zeros((PHASES_PER_ROWS_LAYER * mats.shape[0] + 1, SYNC_WIDTH), np.int64)
+    for _t in prange(threads):
+        _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos,
+                   sin, KV, d, h, q8, q8h, s, corr, xg, xb, y, o, gu, g, sync, threads)
+
+
+#: phases of :func:`_step_rows` per layer (and one after the last)
+PHASES_PER_ROWS_LAYER = 14
+
+
+@njit(cache=True, nogil=True)
+def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
+               KV, d, h, q8, q8h, s, corr, xg, xb, y, o, gu, g, sync, threads):
+    """One thread's part of :func:`decode_rows` (the phases of :func:`_step`; the norms and
+    quantizations shared out by token, the activation layouts serial)."""
     T, dim = h.shape
     H = heads
     group = H // KV
     hidden = mats[0, GATE_UP, ROWS] // 2
     scale = np.float32(1.0 / math.sqrt(d))
     f32eps = np.float32(eps)
-    q8 = np.empty((T, dim), np.int8)
-    q8h = np.empty((T, hidden), np.int8)
-    s = np.empty(T, np.float32)
-    o = np.empty((T, dim), np.float32)
-    g = np.empty((T, hidden), np.float32)
+    abuf, cout, f = block_scratch(T)
+    x = np.empty(max(dim, hidden), np.float32)
+    ph = 0
     for layer in range(mats.shape[0]):
-        norm_quant_rows(h, gains[layer, 0, :dim], f32eps, q8, s)
-        y = _matvec_rows(buf, mats, layer, QKV, q8, s, ws, lane, cfg)
-        for t in range(T):
-            per = lens[t] * KV * d
-            kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
-            vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
-            for j in range(KV):
-                _rope(y[t, (H + j) * d: (H + j + 1) * d], cos[t], sin[t], kc[pos[t], j])
-                vc[pos[t], j, :] = y[t, (H + KV + j) * d: (H + KV + j + 1) * d]
-        for i in prange(T * H):
+        _norm_tokens(h, y, layer > 0, gains[layer, 0, :dim], f32eps, q8, s, x, sync, ph)
+        if serial(sync, ph + 1):
+            _amx_inputs(mats, layer, QKV, q8, lane, xg, xb, corr)
+            finish(sync, ph + 1)
+        wait_done(sync, ph + 1, 1)
+        _amx_matvec(buf, mats, layer, QKV, q8, xg, xb, cfg, corr, s, ws, y, sync, ph + 2,
+                    threads, abuf, cout, f)
+        if serial(sync, ph + 3):
+            for t in range(T):
+                kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, d)
+                for j in range(KV):
+                    _rope(y[t, (H + j) * d: (H + j + 1) * d], cos[t], sin[t], kc[pos[t], j])
+                    vc[pos[t], j, :] = y[t, (H + KV + j) * d: (H + KV + j + 1) * d]
+            finish(sync, ph + 3)
+        wait_done(sync, ph + 3, 1)
+        while True:
+            i = claim(sync, ph + 4)
+            if i >= T * H:
+                break
             t, hh = i // H, i % H
-            per = lens[t] * KV * d
-            kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
-            vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
+            kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, d)
             _head(y[t, hh * d: (hh + 1) * d], cos[t], sin[t], kc, vc, hh // group,
                   pos[t] + 1, scale, o[t, hh * d: (hh + 1) * d])
-        norm_quant_rows(o, gains[layer, 1, :dim], f32eps, q8, s)
-        y = _matvec_rows(buf, mats, layer, OUT, q8, s, ws, lane, cfg)
-        for t in range(T):
-            for j in range(dim):
-                h[t, j] = h[t, j] + y[t, j]
-        norm_quant_rows(h, gains[layer, 2, :dim], f32eps, q8, s)
-        gu = _matvec_rows(buf, mats, layer, GATE_UP, q8, s, ws, lane, cfg)
-        for t in range(T):
+            finish(sync, ph + 4)
+        wait_done(sync, ph + 4, T * H)
+        _norm_tokens(o, y, False, gains[layer, 1, :dim], f32eps, q8, s, x, sync, ph + 5)
+        if serial(sync, ph + 6):
+            _amx_inputs(mats, layer, OUT, q8, lane, xg, xb, corr)
+            finish(sync, ph + 6)
+        wait_done(sync, ph + 6, 1)
+        _amx_matvec(buf, mats, layer, OUT, q8, xg, xb, cfg, corr, s, ws, y, sync, ph + 7,
+                    threads, abuf, cout, f)
+        # FFN
+        _norm_tokens(h, y, True, gains[layer, 2, :dim], f32eps, q8, s, x, sync, ph + 8)
+        if serial(sync, ph + 9):
+            _amx_inputs(mats, layer, GATE_UP, q8, lane, xg, xb, corr)
+            finish(sync, ph + 9)
+        wait_done(sync, ph + 9, 1)
+        _amx_matvec(buf, mats, layer, GATE_UP, q8, xg, xb, cfg, corr, s, ws, gu, sync, ph + 10,
+                    threads, abuf, cout, f)
+        while True:  # ReLU^2 gating, norm and quantization, a token at a time
+            t = claim(sync, ph + 11)
+            if t >= T:
+                break
             for j in range(hidden):
                 a = max(gu[t, j], np.float32(0.0))
                 g[t, j] = a * a * gu[t, hidden + j]
-        norm_quant_rows(g, gains[layer, 3, :hidden], f32eps, q8h, s)
-        y = _matvec_rows(buf, mats, layer, DOWN, q8h, s, ws, lane, cfg)
-        for t in range(T):
-            for j in range(dim):
-                h[t, j] = h[t, j] + y[t, j]
+            _norm_row(g[t], gains[layer, 3, :hidden], f32eps, x[:hidden])
+            s[t] = _quantize_row(x[:hidden], q8h, t)
+            finish(sync, ph + 11)
+        wait_done(sync, ph + 11, T)
+        if serial(sync, ph + 12):
+            _amx_inputs(mats, layer, DOWN, q8h, lane, xg, xb, corr)
+            finish(sync, ph + 12)
+        wait_done(sync, ph + 12, 1)
+        _amx_matvec(buf, mats, layer, DOWN, q8h, xg, xb, cfg, corr, s, ws, y, sync, ph + 13,
+                    threads, abuf, cout, f)
+        ph += PHASES_PER_ROWS_LAYER
+    while True:
+        t = claim(sync, ph)
+        if t >= T:
+            break
+        for j in range(dim):
+            h[t, j] = h[t, j] + y[t, j]
+        finish(sync, ph)
+
+
+@njit(cache=True)
+def _norm_tokens(v, y, add, gain, eps, q, s, x, sync, ph):
+    """Phase ``ph``, a token at a time: row t of ``v`` (first ``v[t] += y[t]`` if ``add``)
+    normed with ``gain`` into ``x``, quantized into ``q[t]``, its scale into ``s[t]``
+    (:func:`.ops.norm_quant_rows`' arithmetic)."""
+    T, cols = v.shape
+    while True:
+        t = claim(sync, ph)
+        if t >= T:
+            break
+        if add:
+            for j in range(cols):
+                v[t, j] = v[t, j] + y[t, j]
+        _norm_row(v[t], gain, eps, x[:cols])
+        s[t] = _quantize_row(x[:cols], q, t)
+        finish(sync, ph)
+    wait_done(sync, ph, T)
+
+
+@njit(inline="always")
+def _caches(kaddr, vaddr, lens, t, layer, KV, d):
+    """Token t's k and v caches of ``layer``: float32 [lens[t], KV, d] each."""
+    per = lens[t] * KV * d
+    kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
+    vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
+    return kc, vc
+
+
+@njit(cache=True)
+def _amx_inputs(mats, layer, which, q, lane, xg, xb, corr):
+    """What :func:`_amx_matvec` of matrix ``which`` reads of the int8 activations ``q`` [T,
+    cols]: their sums, the AMX tiles (:func:`_tiles_into`) and, where the matrix has rows past
+    its last group of 16, the one-token slot layout."""
+    T, cols = q.shape
+    rows, bpr = mats[layer, which, ROWS], mats[layer, which, BPR]
+    if rows % TILE_ROWS:
+        _slots_rows(q, lane, cols, xg[:T * 4 * bpr].reshape((T, 4, bpr)))
+    for t in range(T):
+        acc = np.int32(0)
+        for j in range(cols):
+            acc += np.int32(q[t, j])
+        corr[t] = acc
+    n = bpr // 64
+    _tiles_into(q, lane, mats[layer, which, KIND], bpr, xb[:n * 64 * T].reshape((n, 4, 16, T)))
+
+
+@njit(cache=True)
+def _amx_matvec(buf, mats, layer, which, q, xg, xb, cfg, corr, s, ws, out, sync, ph, threads,
+                abuf, cout, f):
+    """Phase ``ph``: :func:`.amx.mm2_amx_tokens` of matrix ``which`` into ``out`` [T, rows]
+    (the same kernel and bits), its blocks of ``BLOCK_ROWS`` rows taken guided (as
+    :func:`_matvec`'s row pairs), rows past the last group of 16 as one more block."""
+    W = _weight(buf, mats, layer, which)
+    rows, bpr = W.shape
+    T = q.shape[0]
+    kind = mats[layer, which, KIND]
+    w0 = mats[layer, which, WS]
+    wsl = ws[w0: w0 + rows]
+    n = bpr // 64
+    XB = xb[:n * 64 * T].reshape((n, 4, 16, T))
+    groups = rows // TILE_ROWS
+    nblocks = (groups * TILE_ROWS + BLOCK_ROWS - 1) // BLOCK_ROWS
+    units = nblocks + (1 if rows % TILE_ROWS else 0)
+    while True:
+        seen = load_acquire(sync, ph, 0)
+        if seen >= units:
+            break
+        take = max(1, (units - seen) // (2 * threads))
+        b0 = fetch_add(sync, ph, 0, take)
+        if b0 >= units:
+            break
+        b1 = min(units, b0 + take)
+        for b in range(b0, b1):
+            if b < nblocks:
+                amx_block(W, b, XB, cfg, corr, s, wsl, out, abuf, cout, f)
+            else:
+                XG = xg[:T * 4 * bpr].reshape((T, 4, bpr))
+                for r in range(groups * TILE_ROWS, rows):
+                    for t in range(T):
+                        out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) \
+                            / s[t] * wsl[r]
+        fetch_add(sync, ph, DONE, b1 - b0)
+    wait_done(sync, ph, units)
+
 
 #: slot layout -> lane of :func:`_slots`
 LANES = {"x86": 32, "arm64": 16, "plain": 1}
