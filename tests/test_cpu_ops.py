@@ -238,6 +238,29 @@ def test_decode_row_team_same_bits_for_any_team(cpu_models, numba_threads, team,
     assert np.isfinite(results[0][0]).all() and not np.array_equal(results[0][0], h0)
 
 
+@pytest.mark.parametrize("team", [1, 2, 3])
+def test_decode_row_team_survives_overflowing_weights(cpu_models, team):
+    """A norm gain of 3e38 (a fuzzed file) overflows the activations to inf, so their int8
+    scale is 0 and the mat-vec divides by it. Inside the team's region that may not raise: a
+    member that raised would leave the others waiting. The step returns, non-finite."""
+    from bitformat.runtime.cpu import decode as D
+
+    net, be = cpu_models["i2_s"].net, cpu_models["i2_s"].backend
+    plan = net._decode_plan()
+    if plan is None:
+        pytest.skip("the one-call step needs the vnni kernels")
+    gains = plan.gains.copy()
+    gains[0, 1, [3, 35]] = np.float32(3e38)
+    rng = np.random.default_rng(2)
+    d2 = plan.head_dim // 2
+    cos, sin = np.ones(d2, np.float32), np.zeros(d2, np.float32)
+    cache = net.new_cache(8)
+    h = rng.standard_normal((1, net.args.dim)).astype(np.float32)
+    D._decode_row(be._arena.buf, plan.mats, plan.ws, gains, plan.eps, plan.lane, plan.heads,
+                  cache.k, cache.v, 0, cos, sin, team, 64, h)
+    assert not np.isfinite(h).all()
+
+
 @pytest.mark.parametrize("fid", ["i2_s", "stfma"])
 @pytest.mark.parametrize("team", [None, 3])
 def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypatch):

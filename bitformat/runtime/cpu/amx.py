@@ -288,7 +288,7 @@ def _amx_pairs(typingctx, cfg, w, w_off, bpr, ngroups, xb, ntok, abuf, cout):
 _amx_rows2, _amx_rows3, _amx_rows4 = (_make_amx_rows(nb) for nb in (2, 3, 4))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def block_scratch(T):
     """A thread's scratch for :func:`amx_block`: the A-tile buffer (64-byte aligned), the
     block's int32 sums and one group's float results."""
@@ -299,7 +299,7 @@ def block_scratch(T):
             np.empty((TILE_ROWS, T), np.float32))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def amx_block(W, b, XB, cfg, corr, s, ws, out, abuf, cout, f):
     """Block b (``BLOCK_ROWS`` rows, its whole groups of 16) of :func:`mm2_amx_tokens`."""
     rows, bpr = W.shape

@@ -42,7 +42,7 @@ OFF, ROWS, BPR, WS, KIND = range(5)
 QKV, OUT, GATE_UP, DOWN = range(4)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _slots(q, lane, cols, xg):
     """``xg[0, g, m]`` = the activation that multiplies slot g of row byte m: element
     ``(m // lane) * 4 * lane + lane * g + m % lane`` of ``q[0]`` (0 past ``cols``); lane 32:
@@ -68,7 +68,7 @@ def _slots_row(q, t, lane, cols, xg):
                 xg[t, g, m0 + k] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _sum(q):
     acc = np.int32(0)
     for j in range(q.shape[1]):
@@ -76,7 +76,7 @@ def _sum(q):
     return acc
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _weight(buf, mats, layer, which):
     off, rows, bpr = mats[layer, which, OFF], mats[layer, which, ROWS], mats[layer, which, BPR]
     return buf[off: off + rows * bpr].reshape((rows, bpr))
@@ -100,7 +100,7 @@ def decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, hr
                 CHUNK_BYTES, hrow)
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True, nogil=True, error_model="numpy")
 def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, threads, least,
                 hrow):
     """:func:`decode_row` by a team of ``threads``, taking at least ``least`` bytes of a
@@ -128,7 +128,7 @@ def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, t
 PHASES_PER_LAYER = 10
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q8, xg, y, o,
           gu, sq, sync, threads, least):
     """One thread's part of :func:`decode_row`: every phase in order, serial ones where this
@@ -199,7 +199,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
         finish(sync, ph)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _activations(v, gain, eps, x, q8, xg, bpr, lane, sq):
     """Norm ``v`` with ``gain``, quantize it to int8 and lay it out in slots (``xg``) for the
     next mat-vec, a matrix of ``bpr`` bytes per row; ``sq`` gets the scale and the sum of the
@@ -215,7 +215,7 @@ def _activations(v, gain, eps, x, q8, xg, bpr, lane, sq):
 CHUNK_BYTES = 32768
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least):
     """Phase ``ph``: ``out[r] = float32(dot_r - sum q) / s * ws[r]`` (:func:`.kernels.mm2_vnni`,
     one token); returns when all rows are done.
@@ -252,14 +252,14 @@ def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least):
     wait_done(sync, ph, pairs)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _slots_rows(q, lane, cols, xg):
     """:func:`_slots` for every row t of ``q`` into ``xg[t]``."""
     for t in range(q.shape[0]):
         _slots_row(q, t, lane, cols, xg)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _tiles_into(q, lane, kind, bpr, out):
     """:func:`.amx.tile_activations` of the slot layout :func:`_slots_rows` gives ``q`` [T,
     cols], straight from ``q``, into ``out`` int32 [bpr // 64, 4, 16, T], slot order reversed
@@ -308,7 +308,7 @@ def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens,
                  KV, d, get_num_threads(), h)
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True, nogil=True, error_model="numpy")
 def _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
                  KV, d, threads, h):
     """:func:`decode_rows` by a team of ``threads``."""
@@ -337,7 +337,7 @@ def _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens
 PHASES_PER_ROWS_LAYER = 14
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
                KV, d, h, q8, q8h, s, corr, xg, xb, y, o, gu, g, sync, threads):
     """One thread's part of :func:`decode_rows` (the phases of :func:`_step`; the norms and
@@ -419,7 +419,7 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
         finish(sync, ph)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _norm_tokens(v, y, add, gain, eps, q, s, x, sync, ph):
     """Phase ``ph``, a token at a time: row t of ``v`` (first ``v[t] += y[t]`` if ``add``)
     normed with ``gain`` into ``x``, quantized into ``q[t]``, its scale into ``s[t]``
@@ -447,7 +447,7 @@ def _caches(kaddr, vaddr, lens, t, layer, KV, d):
     return kc, vc
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _amx_inputs(mats, layer, which, q, lane, xg, xb, corr):
     """What :func:`_amx_matvec` of matrix ``which`` reads of the int8 activations ``q`` [T,
     cols]: their sums, the AMX tiles (:func:`_tiles_into`) and, where the matrix has rows past
@@ -465,7 +465,7 @@ def _amx_inputs(mats, layer, which, q, lane, xg, xb, corr):
     _tiles_into(q, lane, mats[layer, which, KIND], bpr, xb[:n * 64 * T].reshape((n, 4, 16, T)))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _amx_matvec(buf, mats, layer, which, q, xg, xb, cfg, corr, s, ws, out, sync, ph, threads,
                 abuf, cout, f):
     """Phase ``ph``: :func:`.amx.mm2_amx_tokens` of matrix ``which`` into ``out`` [T, rows]

@@ -20,7 +20,7 @@ from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _absmax(y):
     """max |y| (NaN skipped, as ``a > m`` is false for it), in eight interleaved maxima: the
     same value as one loop (a maximum does not depend on the order), 8x fewer dependent
@@ -44,7 +44,7 @@ def _absmax(y):
     return top
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _quantize_row(y, q, t):
     """Row t of ``q`` from float32 ``y``: ``s = 127 / max(max|y|, 1e-5)``, round half even."""
     s = np.float32(127.0) / max(_absmax(y), np.float32(1e-5))
@@ -54,7 +54,7 @@ def _quantize_row(y, q, t):
     return s
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _norm_row(x, gain, eps, y):
     """``y = x / sqrt(mean(x^2) + eps) * gain`` in float32, the float32 squares summed in
     float64 as :func:`.backend.rms_norm` does (in eight interleaved sums, not one chain of
@@ -126,7 +126,7 @@ def glu_norm_quant_rows(gate, up, gain, eps, q, s):
 _FAST = {"reassoc", "contract"}  # lets LLVM sum the dot products in SIMD lanes
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rope(x, cos, sin, out):
     """Rotate-half RoPE of one head ``x`` [d] into ``out``: element i pairs with i + d/2."""
     half = x.shape[0] // 2
@@ -136,7 +136,7 @@ def _rope(x, cos, sin, out):
         out[half + i] = b * cos[i] + a * sin[i]
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit(cache=True, fastmath=_FAST, error_model="numpy")
 def _scores(qr, kc, j, n, scale, p):
     """``p[t] = (qr . kc[t, j]) * scale`` for t < n; returns their maximum."""
     top = -np.inf
@@ -159,7 +159,7 @@ def _mix(p, vc, j, n, out):
             out[i] += w * vc[t, j, i]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _head(qh, cos, sin, kc, vc, j, n, scale, out):
     """Head ``qh`` [d] of a token at position n - 1 against kv head j of positions 0..n-1 of
     ``kc``/``vc`` [len, KV, d]: RoPE, scaled scores, softmax, weighted sum into ``out`` [d]."""

@@ -18,6 +18,12 @@ phase done when it arrives and returns, so a step never waits for a thread that 
 waiting thread spins with ``pause`` a while and then yields its core (``sched_yield``), so that on
 a busy machine the thread it waits for gets the core.
 
+Nothing a member runs may raise: a member that raised would leave the others waiting for its
+phase forever. The functions of a step are compiled with ``error_model="numpy"`` (a float
+division by zero gives inf or NaN, as it does in a ``prange`` body, instead of raising; a
+hidden state gone non-finite is the screened head's to report), index checks are off, and
+their arrays are allocated before the region or per thread.
+
 Every thread runs the same sequence of phases, numbered from 0, and ``sync`` (int64
 ``[phases, SYNC_WIDTH]``, zeroed per call) holds each phase's two counters on cache lines of their
 own. The atomics are seq_cst read-modify-writes and acquire loads, so what one thread wrote before
