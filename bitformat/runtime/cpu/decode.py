@@ -353,12 +353,8 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
     ph = 0
     for layer in range(mats.shape[0]):
         _norm_tokens(h, y, layer > 0, gains[layer, 0, :dim], f32eps, q8, s, x, sync, ph)
-        if serial(sync, ph + 1):
-            _amx_inputs(mats, layer, QKV, q8, lane, xg, xb, corr)
-            finish(sync, ph + 1)
-        wait_done(sync, ph + 1, 1)
-        _amx_matvec(buf, mats, layer, QKV, q8, xg, xb, cfg, corr, s, ws, y, sync, ph + 2,
-                    threads, abuf, cout, f)
+        _amx_matvec(buf, mats, layer, QKV, q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
+                    ph + 1, threads, abuf, cout, f)
         if serial(sync, ph + 3):
             for t in range(T):
                 kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, d)
@@ -378,20 +374,12 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
             finish(sync, ph + 4)
         wait_done(sync, ph + 4, T * H)
         _norm_tokens(o, y, False, gains[layer, 1, :dim], f32eps, q8, s, x, sync, ph + 5)
-        if serial(sync, ph + 6):
-            _amx_inputs(mats, layer, OUT, q8, lane, xg, xb, corr)
-            finish(sync, ph + 6)
-        wait_done(sync, ph + 6, 1)
-        _amx_matvec(buf, mats, layer, OUT, q8, xg, xb, cfg, corr, s, ws, y, sync, ph + 7,
-                    threads, abuf, cout, f)
+        _amx_matvec(buf, mats, layer, OUT, q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
+                    ph + 6, threads, abuf, cout, f)
         # FFN
         _norm_tokens(h, y, True, gains[layer, 2, :dim], f32eps, q8, s, x, sync, ph + 8)
-        if serial(sync, ph + 9):
-            _amx_inputs(mats, layer, GATE_UP, q8, lane, xg, xb, corr)
-            finish(sync, ph + 9)
-        wait_done(sync, ph + 9, 1)
-        _amx_matvec(buf, mats, layer, GATE_UP, q8, xg, xb, cfg, corr, s, ws, gu, sync, ph + 10,
-                    threads, abuf, cout, f)
+        _amx_matvec(buf, mats, layer, GATE_UP, q8, lane, xg, xb, cfg, corr, s, ws, gu, sync,
+                    ph + 9, threads, abuf, cout, f)
         while True:  # ReLU^2 gating, norm and quantization, a token at a time
             t = claim(sync, ph + 11)
             if t >= T:
@@ -403,12 +391,8 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
             s[t] = _quantize_row(x[:hidden], q8h, t)
             finish(sync, ph + 11)
         wait_done(sync, ph + 11, T)
-        if serial(sync, ph + 12):
-            _amx_inputs(mats, layer, DOWN, q8h, lane, xg, xb, corr)
-            finish(sync, ph + 12)
-        wait_done(sync, ph + 12, 1)
-        _amx_matvec(buf, mats, layer, DOWN, q8h, xg, xb, cfg, corr, s, ws, y, sync, ph + 13,
-                    threads, abuf, cout, f)
+        _amx_matvec(buf, mats, layer, DOWN, q8h, lane, xg, xb, cfg, corr, s, ws, y, sync,
+                    ph + 12, threads, abuf, cout, f)
         ph += PHASES_PER_ROWS_LAYER
     while True:
         t = claim(sync, ph)
@@ -466,11 +450,17 @@ def _amx_inputs(mats, layer, which, q, lane, xg, xb, corr):
 
 
 @njit(cache=True, error_model="numpy")
-def _amx_matvec(buf, mats, layer, which, q, xg, xb, cfg, corr, s, ws, out, sync, ph, threads,
-                abuf, cout, f):
-    """Phase ``ph``: :func:`.amx.mm2_amx_tokens` of matrix ``which`` into ``out`` [T, rows]
-    (the same kernel and bits), its blocks of ``BLOCK_ROWS`` rows taken guided (as
-    :func:`_matvec`'s row pairs), rows past the last group of 16 as one more block."""
+def _amx_matvec(buf, mats, layer, which, q, lane, xg, xb, cfg, corr, s, ws, out, sync, ph,
+                threads, abuf, cout, f):
+    """Phases ``ph`` and ``ph + 1``: :func:`_amx_inputs` of ``q`` (serial), then
+    :func:`.amx.mm2_amx_tokens` of matrix ``which`` into ``out`` [T, rows] (the same kernel
+    and bits), its blocks of ``BLOCK_ROWS`` rows taken guided (as :func:`_matvec`'s row pairs),
+    rows past the last group of 16 as one more block."""
+    if serial(sync, ph):
+        _amx_inputs(mats, layer, which, q, lane, xg, xb, corr)
+        finish(sync, ph)
+    wait_done(sync, ph, 1)
+    ph += 1
     W = _weight(buf, mats, layer, which)
     rows, bpr = W.shape
     T = q.shape[0]
