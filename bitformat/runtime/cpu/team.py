@@ -35,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import platform
+import sys
 
 from llvmlite import binding as llvm
 from llvmlite import ir
@@ -55,10 +56,13 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 def _register_sched_yield() -> bool:
     """Make ``sched_yield`` (POSIX) resolvable by numba's JIT linker; False where absent."""
+    name = ctypes.util.find_library("c")
+    if name is None and not sys.platform.startswith("linux"):
+        return False  # (Windows: no C library by that name, no sched_yield)
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        libc = ctypes.CDLL(name)
         fn = libc.sched_yield
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return False
     llvm.add_symbol("sched_yield", ctypes.cast(fn, ctypes.c_void_p).value)
     return True
