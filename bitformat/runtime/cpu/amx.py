@@ -333,8 +333,16 @@ def mm2_amx_tokens(W, XG, XB, cfg, corr, s, ws, kind, out):
     for b in prange(nblocks):
         abuf, cout, f = block_scratch(T)
         amx_block(W, b, XB, cfg, corr, s, ws, out, abuf, cout, f)
-    for r in range(groups * TILE_ROWS, rows):
-        for t in range(T):
+    amx_tail(W, XG, kind, corr, s, ws, out)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def amx_tail(W, XG, kind, corr, s, ws, out):
+    """The rows of :func:`mm2_amx_tokens` past the last group of 16: the one-token VNNI kernel
+    on the slot layout ``XG`` [T, 4, bpr]."""
+    rows = W.shape[0]
+    for r in range(rows // TILE_ROWS * TILE_ROWS, rows):
+        for t in range(out.shape[0]):
             out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]
 
 

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 from numba import carray, get_num_threads, njit, prange
 
-from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, block_scratch
-from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni, _dot2_vnni_pair
+from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, amx_tail, block_scratch
+from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
 from .ops import _f32_at, _head, _norm_row, _quantize_row, _rope
-from .team import DONE, SYNC_WIDTH, claim, fetch_add, finish, load_acquire, serial, wait_done
+from .team import SYNC_WIDTH, claim, finish, finish_run, serial, take_guided, wait_done
 
 #: columns of :data:`Plan.mats`: each matrix's offset in the arena, rows, bytes per row, offset
 #: of its row scales in ``ws``, kernel kind
@@ -69,11 +69,21 @@ def _slots_row(q, t, lane, cols, xg):
 
 
 @njit(cache=True, error_model="numpy")
-def _sum(q):
+def _sum(q, t):
+    """The sum of row t of int8 ``q``, in int32."""
     acc = np.int32(0)
     for j in range(q.shape[1]):
-        acc += np.int32(q[0, j])
+        acc += np.int32(q[t, j])
     return acc
+
+
+@njit(cache=True, error_model="numpy")
+def _widest_row(mats):
+    """The most bytes per row of a layer's four matrices."""
+    bpr = 0
+    for w in range(4):
+        bpr = max(bpr, mats[0, w, BPR])
+    return bpr
 
 
 @njit(cache=True, error_model="numpy")
@@ -108,9 +118,7 @@ def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, t
     dim = hrow.shape[1]
     hidden = mats[0, GATE_UP, ROWS] // 2
     width = max(dim, hidden)
-    bpr = 0
-    for w in range(4):
-        bpr = max(bpr, mats[0, w, BPR])
+    bpr = _widest_row(mats)
     x = np.empty(width, np.float32)
     q8 = np.empty((1, width), np.int8)
     xg = np.empty(4 * bpr, np.int8)  # the slot layout, for the bytes per row of the next matrix
@@ -207,7 +215,7 @@ def _activations(v, gain, eps, x, q8, xg, bpr, lane, sq):
     cols = v.shape[0]
     _norm_row(v, gain, eps, x[:cols])
     sq[0] = _quantize_row(x[:cols], q8, 0)
-    sq[1] = np.float32(_sum(q8[:, :cols]))
+    sq[1] = np.float32(_sum(q8[:, :cols], 0))
     _slots(q8[:, :cols], lane, cols, xg[:4 * bpr].reshape((1, 4, bpr)))
 
 
@@ -234,21 +242,16 @@ def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least):
     pairs = (rows + 1) // 2
     least = max(1, least // (2 * bpr))
     while True:
-        seen = load_acquire(sync, ph, 0)
-        if seen >= pairs:
+        p0, p1 = take_guided(sync, ph, pairs, least, threads)
+        if p0 >= p1:
             break
-        take = max(least, (pairs - seen) // (2 * threads))
-        p0 = fetch_add(sync, ph, 0, take)
-        if p0 >= pairs:
-            break
-        p1 = min(pairs, p0 + take)
         for p in range(p0, p1):
             r = 2 * p
             d0, d1 = _dot2_vnni_pair(W, r, XG, 0, kind)
             out[r] = np.float32(d0 - corr) / s * ws[w0 + r]
             if r + 1 < rows:
                 out[r + 1] = np.float32(d1 - corr) / s * ws[w0 + r + 1]
-        fetch_add(sync, ph, DONE, p1 - p0)
+        finish_run(sync, ph, p1 - p0)
     wait_done(sync, ph, pairs)
 
 
@@ -314,9 +317,7 @@ def _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens
     """:func:`decode_rows` by a team of ``threads``."""
     T, dim = h.shape
     hidden = mats[0, GATE_UP, ROWS] // 2
-    bpr = 0
-    for w in range(4):
-        bpr = max(bpr, mats[0, w, BPR])
+    bpr = _widest_row(mats)
     q8 = np.empty((T, dim), np.int8)
     q8h = np.empty((T, hidden), np.int8)
     s = np.empty(T, np.float32)
@@ -441,10 +442,7 @@ def _amx_inputs(mats, layer, which, q, lane, xg, xb, corr):
     if rows % TILE_ROWS:
         _slots_rows(q, lane, cols, xg[:T * 4 * bpr].reshape((T, 4, bpr)))
     for t in range(T):
-        acc = np.int32(0)
-        for j in range(cols):
-            acc += np.int32(q[t, j])
-        corr[t] = acc
+        corr[t] = _sum(q, t)
     n = bpr // 64
     _tiles_into(q, lane, mats[layer, which, KIND], bpr, xb[:n * 64 * T].reshape((n, 4, 16, T)))
 
@@ -469,28 +467,18 @@ def _amx_matvec(buf, mats, layer, which, q, lane, xg, xb, cfg, corr, s, ws, out,
     wsl = ws[w0: w0 + rows]
     n = bpr // 64
     XB = xb[:n * 64 * T].reshape((n, 4, 16, T))
-    groups = rows // TILE_ROWS
-    nblocks = (groups * TILE_ROWS + BLOCK_ROWS - 1) // BLOCK_ROWS
+    nblocks = (rows // TILE_ROWS * TILE_ROWS + BLOCK_ROWS - 1) // BLOCK_ROWS
     units = nblocks + (1 if rows % TILE_ROWS else 0)
     while True:
-        seen = load_acquire(sync, ph, 0)
-        if seen >= units:
+        b0, b1 = take_guided(sync, ph, units, 1, threads)
+        if b0 >= b1:
             break
-        take = max(1, (units - seen) // (2 * threads))
-        b0 = fetch_add(sync, ph, 0, take)
-        if b0 >= units:
-            break
-        b1 = min(units, b0 + take)
         for b in range(b0, b1):
             if b < nblocks:
                 amx_block(W, b, XB, cfg, corr, s, wsl, out, abuf, cout, f)
             else:
-                XG = xg[:T * 4 * bpr].reshape((T, 4, bpr))
-                for r in range(groups * TILE_ROWS, rows):
-                    for t in range(T):
-                        out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) \
-                            / s[t] * wsl[r]
-        fetch_add(sync, ph, DONE, b1 - b0)
+                amx_tail(W, xg[:T * 4 * bpr].reshape((T, 4, bpr)), kind, corr, s, wsl, out)
+        finish_run(sync, ph, b1 - b0)
     wait_done(sync, ph, units)
 
 

@@ -142,6 +142,25 @@ def finish(sync, ph):
 
 
 @njit(inline="always")
+def take_guided(sync, ph, units, least, threads):
+    """This thread's next run ``[u0, u1)`` of phase ``ph``'s ``units``, taken guided (as
+    OpenMP's ``schedule(guided)``): 1 / (2 * threads) of the units nobody took yet, at least
+    ``least``; ``u0 >= u1`` once none is left. Count the run done with :func:`finish_run`."""
+    seen = load_acquire(sync, ph, 0)
+    if seen >= units:
+        return units, units
+    take = max(least, (units - seen) // (2 * threads))
+    u0 = fetch_add(sync, ph, 0, take)
+    return u0, min(units, u0 + take)
+
+
+@njit(inline="always")
+def finish_run(sync, ph, n):
+    """Count ``n`` units of phase ``ph`` done (a run from :func:`take_guided`)."""
+    fetch_add(sync, ph, DONE, n)
+
+
+@njit(inline="always")
 def wait_done(sync, ph, chunks):
     """Return once all ``chunks`` chunks of phase ``ph`` are done."""
     spins = 0
