@@ -1,4 +1,4 @@
-"""The screened LM head against the full one on the wgpu backend (2B-4T; lavapipe here).
+"""The screened LM head against the full one on the wgpu backend (2B-4T; lavapipe or a GPU).
 
     bitformat synth --preset 2b4t -o out/bench/2b4t.gguf
     flock /tmp/bitformat-cpu.lock python tools/bench_wgpu_head.py --write
@@ -14,6 +14,12 @@ One process, one loaded model: the full and the screened head take turns. Report
   ids asserted identical, and for seeded sampling with temperature 0.8 and top-k 40);
 * candidates per step, and the CPU time other processes took during the timed part
   (/proc/stat). Run it under the shared CPU lock: it does not take the lock itself.
+
+The section is named after the adapter: llvmpipe (lavapipe) writes "... (2B-4T, lavapipe)", any
+other adapter "... (2B-4T, <adapter>)", next to the lavapipe one. On an adapter that is not
+llvmpipe the section also gives the adapter's driver, the host's CPUs and, where the adapter has
+timestamp queries, the kernels' GPU times and read rates (full head, screen, one whole decode
+step). ``--require-gpu`` refuses a CPU adapter (listing the adapters wgpu sees).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 SECTION = "Screened LM head on the wgpu backend (2B-4T, lavapipe)"
+GPU_SECTION = "Screened LM head on the wgpu backend (2B-4T, {device})"
 NOTE = ("On llvmpipe the screen is bound by arithmetic, not by bytes: it reads half the f16 "
         "head's bytes but at a lower rate (two `dot4I8Packed` per code word), so the head gains "
         "1.5x rather than 2x, and the whole step, dominated by the ternary mat-vecs, less. Two "
@@ -51,7 +58,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--head-repeat", type=int, default=7)
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--out", type=Path, help="also write the section (markdown) to this file")
+    ap.add_argument("--json", type=Path, help="write the raw numbers to this file")
+    ap.add_argument("--require-gpu", action="store_true",
+                    help="fail (listing the adapters) if wgpu's adapter is a CPU one")
     a = ap.parse_args()
+    if a.require_gpu:
+        require_gpu_adapter()
 
     from bench_head import cpu_jiffies
 
@@ -73,6 +86,10 @@ def main() -> None:
     prompt = m.encode(PROMPT) if m.tokenizer is not None else list(range(1, 10))
     print(f"{dev.name}: load {load_s:.1f} s, warmup (incl. screen build) {warm_s:.1f} s",
           flush=True)
+    lavapipe = is_lavapipe(dev)
+    if not lavapipe:
+        print(f"adapter info: {dev.info}; lanes {dev.lanes}, x {dev.x_space}, "
+              f"timestamps {dev.timestamps}", flush=True)
 
     b0, s0 = cpu_jiffies()
     w0 = time.perf_counter()
@@ -132,17 +149,88 @@ def main() -> None:
     wall = time.perf_counter() - w0
     other = max(0.0, (b1 - b0 - (s1 - s0)) / os.sysconf("SC_CLK_TCK") / (wall * os.cpu_count()))
     net.head = screened
+    kernels = None if lavapipe else profile_kernels(net, be, len(prompt) + a.tokens + 1)
+    if kernels:
+        print(kernels, flush=True)
 
     greedy_c = np.concatenate([r["candidates"] for r in runs["screened"]])
     sampled_c = np.asarray(sampled["screened"]["candidates"])
-    text = render(a, dev.name, med, runs, greedy_c, sampled_c, other, heads, t, len(prompt),
-                  model_name(m.container_model, a.model))
+    name = model_name(m.container_model, a.model)
+    if lavapipe:
+        title = SECTION
+        text = render(a, dev.name, med, runs, greedy_c, sampled_c, other, heads, t,
+                      len(prompt), name)
+    else:
+        title = GPU_SECTION.format(device=dev.info.get("device", "?"))
+        text = render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, t,
+                          len(prompt), name, kernels)
     print(text)
+    if a.out:
+        a.out.write_text(text.rstrip() + "\n")
+        print(f"wrote {a.out}")
+    if a.json:
+        import json
+
+        a.json.write_text(json.dumps({
+            "device": dev.info, "lanes": dev.lanes, "x_space": dev.x_space,
+            "host_cpus": os.cpu_count(), "load_s": load_s, "warmup_s": warm_s,
+            "head_ms": med, "head_ms_runs": {k: [x * 1e3 for x in v] for k, v in parts.items()},
+            "tps": {k: [r["tps"] for r in rs] for k, rs in runs.items()},
+            "sampled_tps": {k: r["tps"] for k, r in sampled.items()},
+            "stats": {k: rs[-1]["stats"] for k, rs in runs.items()},
+            "candidates_greedy": greedy_c.tolist(), "candidates_sampled": sampled_c.tolist(),
+            "other_cpu": other, "kernels": kernels}, indent=1, default=str))
+        print(f"wrote {a.json}")
     if a.write:
         from benchdoc import DOC, replace_section
 
-        replace_section(DOC, SECTION, text)
+        replace_section(DOC, title, text, after=None if lavapipe else SECTION)
         print(f"wrote {DOC}")
+
+
+def is_lavapipe(dev) -> bool:
+    return "llvmpipe" in str(dev.info.get("device", "")).lower()
+
+
+def require_gpu_adapter() -> None:
+    """Exit with the list of adapters if wgpu's preferred adapter is a CPU one (or none)."""
+    import wgpu
+
+    from bitformat.runtime.wgpu.device import request_adapter
+
+    ad = request_adapter()
+    info = dict(ad.info) if ad is not None else {}
+    if ad is None or info.get("adapter_type") == "CPU":
+        print(f"--require-gpu: wgpu's adapter is {info or 'none'}; adapters it sees:",
+              file=sys.stderr)
+        for x in wgpu.gpu.enumerate_adapters_sync():
+            print(f"  {dict(x.info)}", file=sys.stderr)
+        sys.exit(2)
+    print(f"adapter: {info}", flush=True)
+
+
+def profile_kernels(net, be, length: int, repeats: int = 7) -> dict | None:
+    """GPU times (timestamp queries, median of ``repeats``) of the full head, the screen and one
+    whole decode step (``net.profile``, full head), with the bytes each reads; None without
+    timestamp queries. Run after the timed part: ``net.profile`` overwrites a cache position."""
+    from bitformat.runtime.wgpu.device import Dispatch
+
+    dev = be.dev
+    if not dev.timestamps:
+        return None
+    head = [d for d in net.prog.head if isinstance(d, Dispatch)]
+    sc = be._screen()
+    out = {}
+    for name, items in (("lm_head", head), ("argmax", [net.prog.argmax]),
+                        ("screen", list(sc.screen))):
+        secs = np.median(np.array([dev.profile(items)[0] for _ in range(repeats)]), axis=0)
+        nbytes = sum(d.nbytes for d in items)
+        out[name] = {"dispatches": len(items), "ms": float(secs.sum()) * 1e3, "bytes": nbytes,
+                     "gbps": nbytes / float(secs.sum()) / 1e9 if secs.sum() else 0.0,
+                     "per_dispatch_ms": [float(x) * 1e3 for x in secs]}
+    step = net.profile(length=min(length, net.max_len), repeats=repeats)
+    out["step"] = step
+    return out
 
 
 def model_name(model, path: str) -> str:
@@ -199,6 +287,106 @@ def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_pr
         f"{8 * tables.scale.size / 1e6:.1f} MB of integer sums read back per step.", "",
         NOTE,
     ])
+
+
+def host_cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        return "?"
+
+
+def render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, tables, n_prompt,
+               name, kernels) -> str:
+    """The section for an adapter other than llvmpipe: its driver, the host, kernel times."""
+    import wgpu
+    from bench_head import dist
+
+    info = dev.info
+    model_note = (f"`{name}`: `bitformat synth --preset 2b4t`, i2_s; its f16 head is a random "
+                  "Gaussian 128,256 x 2,560 matrix, flat logits, the hardest case for "
+                  "screening" if "synth" in name else f"`{name}`, i2_s")
+    native = getattr(getattr(wgpu, "backends", None), "wgpu_native", None)
+    versions = f"wgpu-py {wgpu.__version__}" + (
+        f" with wgpu-native {native.__version__}" if getattr(native, "__version__", None) else "")
+    full_b = heads["full"].full_bytes
+    rows = ["| head | decode tok/s (median; rounds) | head MB/token | of f16 head | "
+            "MB/token (whole step) |", "|---|---|---|---|---|"]
+    for mode in ("full", "screened"):
+        rs = runs[mode]
+        st = rs[-1]["stats"]
+        tps = [r["tps"] for r in rs]
+        rows.append(f"| {mode} | {statistics.median(tps):.1f} "
+                    f"({', '.join(f'{v:.1f}' for v in tps)}) | "
+                    f"{st['head_bytes_per_step'] / 1e6:.1f} | "
+                    f"{st['head_bytes_per_step'] / full_b:.1%} | "
+                    f"{st['bytes_read_per_token'] / 1e6:.1f} |")
+    cmd = " ".join(["python", "tools/bench_wgpu_head.py", *sys.argv[1:]])
+    speed = (statistics.median(r["tps"] for r in runs["screened"])
+             / statistics.median(r["tps"] for r in runs["full"]))
+    out = [
+        f"## {title}", "",
+        f"Command: `{cmd}` ({model_note}). Adapter: **{info.get('device', '?')}** through "
+        f"{info.get('backend_type', '?')}, driver {info.get('description') or '?'} "
+        f"({info.get('vendor') or '?'}, adapter type {info.get('adapter_type', '?')}), "
+        f"{versions}; the kernels run {dev.lanes} invocations per row, activations in "
+        f"{dev.x_space} buffers. Host: {host_cpu()}, {os.cpu_count()} CPUs, which run Python, "
+        "the screened head's host part (int8 split, float64 bounds, candidates) and wgpu's "
+        "command encoding. Every time below except the kernel table is host wall time: a "
+        "decode step or a head call includes wgpu's encoding, submission, the wait for the "
+        f"queue and the readback. Other processes took {other:.0%} of the host's CPU during "
+        "the timed part.", "",
+        f"The head alone, on the final hidden state of a {n_prompt}-token prompt (median of "
+        f"{a.head_repeat} interleaved runs, host wall time): full head (`lm_head.wgsl` over "
+        f"every row, then the device argmax, 4 bytes back) **{med['full']:.2f} ms**; screened "
+        f"head (`Head.select`: hidden state back, int8 screen, 8 bytes per row back, bounds, "
+        f"candidates, rescoring) **{med['screened']:.2f} ms** "
+        f"({med['full'] / med['screened']:.2f}x), of which the screen with its read-back "
+        f"{med['screen']:.2f} ms, the float64 bounds and candidates on the host "
+        f"{med['bounds']:.2f} ms, the rescoring of the candidates {med['rows']:.2f} ms.", "",
+        *rows, "",
+        f"Whole decode, screened / full: {speed:.2f}x. Token ids identical in every round "
+        f"({len(runs['full'][0]['tokens'])} greedy tokens) and for seeded "
+        "sampling (temperature 0.8, top-k 40, seed 1).", "",
+        f"Candidates rescored per step, greedy: {dist(greedy_c)}; temperature 0.8 + top-k 40: "
+        f"{dist(sampled_c)}. The screen's table (int8 codes, scales, bound terms) is "
+        f"{tables.nbytes / 1e6:.1f} MB; the head bytes above do not count the "
+        f"{8 * tables.scale.size / 1e6:.1f} MB of integer sums read back per step.",
+    ]
+    if kernels:
+        st = kernels["step"]
+        krows = ["| kernels | dispatches | GPU ms | MB read | GB/s |", "|---|---|---|---|---|"]
+        for key, label in (("lm_head", "full head, `lm_head.wgsl`"),
+                           ("argmax", "device argmax, `argmax.wgsl`"),
+                           ("screen", "screen, `screen.wgsl`")):
+            k = kernels[key]
+            krows.append(f"| {label} | {k['dispatches']} | {k['ms']:.3f} | "
+                         f"{k['bytes'] / 1e6:.1f} | {k['gbps']:.0f} |")
+        for kind, k in sorted(st["kinds"].items(), key=lambda kv: -kv[1]["seconds"]):
+            krows.append(f"| step: {kind} | {k['dispatches']} | {k['seconds'] * 1e3:.3f} | "
+                         f"{k['bytes'] / 1e6:.1f} | {k['gbps']:.0f} |")
+        step_b = sum(k["bytes"] for k in st["kinds"].values())
+        krows.append(f"| step: all | {sum(k['dispatches'] for k in st['kinds'].values())} | "
+                     f"{st['gpu_seconds'] * 1e3:.3f} | {step_b / 1e6:.1f} | "
+                     f"{step_b / st['gpu_seconds'] / 1e9 if st['gpu_seconds'] else 0:.0f} |")
+        gpu_sel = kernels["screen"]["ms"]
+        out += ["", f"Kernel times ({st['clock']}, median of 7 profiled runs, each dispatch in "
+                "its own compute pass, so a pass boundary per dispatch is included): the full "
+                "head and its argmax, the screen alone, and one whole decode step with the full "
+                f"head at position {st['length'] - 1} (`WgpuBitNet.profile`: its kernels add up "
+                f"to {st['gpu_seconds'] * 1e3:.2f} ms; the same step run normally, one submit "
+                f"and the argmax read back, took {st['token_seconds'] * 1e3:.2f} ms host wall "
+                "time). "
+                "MB read counts the weights and activations each kernel reads, as the backend "
+                "records them.", "", *krows, "",
+                f"The screen kernel, {gpu_sel:.3f} ms, is {gpu_sel / med['screened']:.0%} "
+                f"of the screened head's {med['screened']:.2f} ms host wall time; the full "
+                f"head's kernels, "
+                f"{kernels['lm_head']['ms'] + kernels['argmax']['ms']:.3f} ms, "
+                f"{(kernels['lm_head']['ms'] + kernels['argmax']['ms']) / med['full']:.0%} of "
+                f"its {med['full']:.2f} ms."]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,25 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
-def replace_section(doc: Path, title: str, body: str) -> None:
-    """Replace the ``## title`` section of ``doc`` with ``body`` (appended if missing)."""
+def replace_section(doc: Path, title: str, body: str, after: str | None = None) -> None:
+    """Replace the ``## title`` section of ``doc`` with ``body`` (moved to the end, or appended
+    if missing).
+
+    With ``after``, the section is replaced where it stands, and a missing one goes right after
+    the ``## after`` section, where that one exists and is not the last."""
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     start = text.find(f"## {title}")
+    if start >= 0 and after:
+        end = text.find("\n## ", start + 1)
+        if end >= 0:
+            doc.write_text(text[:start] + body.rstrip() + "\n" + text[end:])
+            return
     if start >= 0:
         end = text.find("\n## ", start + 1)
         text = text[:start] + text[end + 1:] if end >= 0 else text[:start]
+    elif after and (at := text.find(f"## {after}")) >= 0:
+        end = text.find("\n## ", at + 1)
+        if end >= 0:
+            doc.write_text(text[:end + 1] + body.rstrip() + "\n\n" + text[end + 1:])
+            return
     doc.write_text(text.rstrip() + "\n\n" + body.rstrip() + "\n")
