@@ -370,7 +370,6 @@ def render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, tabl
         krows.append(f"| step: all | {sum(k['dispatches'] for k in st['kinds'].values())} | "
                      f"{st['gpu_seconds'] * 1e3:.3f} | {step_b / 1e6:.1f} | "
                      f"{step_b / st['gpu_seconds'] / 1e9 if st['gpu_seconds'] else 0:.0f} |")
-        gpu_sel = kernels["screen"]["ms"]
         out += ["", f"Kernel times ({st['clock']}, median of 7 profiled runs, each dispatch in "
                 "its own compute pass, so a pass boundary per dispatch is included): the full "
                 "head and its argmax, the screen alone, and one whole decode step with the full "
@@ -379,14 +378,30 @@ def render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, tabl
                 f"and the argmax read back, took {st['token_seconds'] * 1e3:.2f} ms host wall "
                 "time). "
                 "MB read counts the weights and activations each kernel reads, as the backend "
-                "records them.", "", *krows, "",
-                f"The screen kernel, {gpu_sel:.3f} ms, is {gpu_sel / med['screened']:.0%} "
-                f"of the screened head's {med['screened']:.2f} ms host wall time; the full "
-                f"head's kernels, "
-                f"{kernels['lm_head']['ms'] + kernels['argmax']['ms']:.3f} ms, "
-                f"{(kernels['lm_head']['ms'] + kernels['argmax']['ms']) / med['full']:.0%} of "
-                f"its {med['full']:.2f} ms."]
+                "records them.", "", *krows, "", gpu_summary(med, kernels)]
     return "\n".join(out)
+
+
+def gpu_summary(med: dict, kernels: dict) -> str:
+    """What the kernel table says about the two heads and the step (from the JSON's numbers)."""
+    sc, lm, am, st = (kernels["screen"], kernels["lm_head"], kernels["argmax"],
+                      kernels["step"])
+    full_k = lm["ms"] + am["ms"]
+    top, k = max(st["kinds"].items(), key=lambda kv: kv[1]["seconds"])
+    return (
+        f"The screen kernel reads its {sc['bytes'] / 1e6:.0f} MB at {sc['gbps']:.0f} GB/s and "
+        f"the f16 head kernel its {lm['bytes'] / 1e6:.0f} MB at {lm['gbps']:.0f} GB/s: "
+        f"{sc['ms']:.3f} ms against {lm['ms']:.3f} ms ({lm['ms'] / sc['ms']:.1f}x), plus "
+        f"{am['ms']:.3f} ms for the full head's one-workgroup argmax. But the screen kernel "
+        f"is {sc['ms'] / med['screened']:.0%} of the screened head's "
+        f"{med['screened']:.2f} ms host wall time (the hidden state back, the int8 split, "
+        "the integer sums back, the float64 bounds and candidates on the host, a second "
+        f"submit for the rescoring), while the full head's kernels are "
+        f"{full_k / med['full']:.0%} of its {med['full']:.2f} ms (one submit, 4 bytes back). "
+        f"The head kernels are {(lm['ms'] + am['ms']) / (st['gpu_seconds'] * 1e3):.0%} of "
+        f"the decode step's {st['gpu_seconds'] * 1e3:.2f} ms of kernels; the largest class "
+        f"is {top}: {k['dispatches']} dispatches, {k['seconds'] * 1e3:.2f} ms "
+        f"({k['seconds'] / k['dispatches'] * 1e6:.0f} us each).")
 
 
 if __name__ == "__main__":
