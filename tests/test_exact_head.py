@@ -23,8 +23,10 @@ SAMPLINGS = {
 }
 
 
-def cpu_head_backend(E: np.ndarray, gtype: str = "F16", kernel: str | None = None):
-    """A :class:`CpuBackend` holding only an LM head ``E`` (float values, stored as gtype)."""
+def cpu_head_backend(E: np.ndarray, gtype: str = "F16", kernel: str | None = None,
+                     bits: int | None = None):
+    """A :class:`CpuBackend` holding only an LM head ``E`` (float values, stored as gtype),
+    screening with ``bits``-bit codes (None: the backend's choice)."""
     from bitformat.runtime.cpu import batch as B
     from bitformat.runtime.cpu import head as H
     from bitformat.runtime.cpu import kernels as K
@@ -44,9 +46,12 @@ def cpu_head_backend(E: np.ndarray, gtype: str = "F16", kernel: str | None = Non
     be._head_tokens = B.lm_head_tokens if kernel == "vnni" else None
     be._lut = None if kernel == "vnni" or gtype == "F32" else H.lut16(gtype)
     be._screen, be._pickers, be._threads_now, be.threads = None, None, 0, 2
+    be._screen_bits = None
     be._bounds_scratch, be._bmax = {}, None
     be._set_threads = lambda n: None
     be.dtype, be.name = np.float32, "cpu"
+    if bits is not None:
+        be.screen_bits = bits
     return be
 
 
@@ -54,6 +59,17 @@ def kernels():
     from bitformat.runtime.cpu import kernels as K
 
     return ["vnni", "portable"] if K.kernel_mode() == "vnni" else ["portable"]
+
+
+def screens():
+    """(kernel build, screen bits) this CPU runs: int8 on both builds, int7 where it has
+    AVX512-VBMI (the vnni build's default there)."""
+    from bitformat.runtime.cpu import kernels as K
+
+    out = [(k, 8) for k in kernels()]
+    if "vnni" in kernels() and "avx512vbmi" in K.host_features():
+        out.insert(0, ("vnni", 7))
+    return out
 
 
 def run_steps(head: Head, hs: np.ndarray, params: SamplingParams, history=()) -> list[int]:
@@ -68,19 +84,29 @@ def run_steps(head: Head, hs: np.ndarray, params: SamplingParams, history=()) ->
 
 
 # -- the screen's numbers -------------------------------------------------------------------------
-@pytest.mark.parametrize("kernel", kernels())
+@pytest.mark.parametrize("kernel,bits", screens())
 @pytest.mark.parametrize("dim", [64, 200, 257])
-def test_screen_kernels_match_numpy_reference(kernel, dim):
+def test_screen_kernels_match_numpy_reference(kernel, bits, dim):
     from bitformat.runtime.cpu import screen as S
 
     rng = np.random.default_rng(dim)
     E = (rng.standard_normal((301, dim)) * 0.05).astype(np.float16)
     E[7] = 0  # a zero row
-    be = cpu_head_backend(E.astype(np.float32), kernel=kernel)
+    E[8, 3] = 1.0  # a row whose codes reach the extremes (+-63 or +-127)
+    E[9, 5] = -1.0
+    be = cpu_head_backend(E.astype(np.float32), kernel=kernel, bits=bits)
     t = be.screen_tables()
-    codes, d, dn, qn, en, bad = EH.quantize_head(E.astype(np.float64))
+    assert t.bits == bits and t.width == EH.padded(dim)
+    codes, d, dn, qn, en, bad = EH.quantize_head(E.astype(np.float64), bits)
     assert np.array_equal(t.codes, codes) and np.array_equal(t.scale, d) and not bad.any()
-    ref = EH.ScreenTables.build(codes, d, dn, qn, en, bad, dim, be.head_depth(), 2.0 ** -24)
+    assert t.codes.shape == (301, EH.padded(dim) * bits // 8)
+    c = t.signed_codes()  # the codes round the row to its scale's grid
+    qmax = 2 ** (bits - 1) - 1
+    assert np.abs(c).max() == qmax and not c[:, dim:].any()
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+    np.testing.assert_array_equal(c[:, :dim], np.rint(E.astype(np.float64) * inv[:, None]))
+    ref = EH.ScreenTables.build(codes, d, dn, qn, en, bad, dim, be.head_depth(), 2.0 ** -24,
+                                bits=bits)
     np.testing.assert_allclose(t.A, ref.A, rtol=1e-12)
     np.testing.assert_allclose(t.N, ref.N, rtol=1e-12)
     h = rng.standard_normal((3, dim)).astype(np.float32)
@@ -88,7 +114,7 @@ def test_screen_kernels_match_numpy_reference(kernel, dim):
     lo, hi = be.head_bounds(ref, xq, par)
     rlo, rhi = EH.bounds_numpy(ref, xq, par)
     assert np.array_equal(lo, rlo) and np.array_equal(hi, rhi)
-    other = S.screen_portable if kernel == "vnni" else None
+    other = S.screen_portable if (kernel, bits) == ("vnni", 8) else None
     if other is not None:
         lo2, hi2 = np.empty_like(lo), np.empty_like(hi)
         bmax = S.block_maxima(*lo.shape[::-1])
@@ -108,6 +134,25 @@ def block_maxima_numpy(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.stack(blocks, axis=1)
 
 
+def test_int7_packing_round_trips():
+    rng = np.random.default_rng(2)
+    u = rng.integers(0, 128, (9, 192), dtype=np.uint8)
+    p = EH.pack7(u)
+    assert p.shape == (9, 168) and np.array_equal(EH.unpack7(p), u)
+    # eight codes to seven bytes, little-endian: code m at bits 7m .. 7m + 6
+    word = int.from_bytes(p[4, 14:21].tobytes(), "little")
+    assert [(word >> (7 * m)) & 0x7F for m in range(8)] == u[4, 16:24].tolist()
+
+
+def test_screen_bits_are_checked():
+    be = cpu_head_backend(np.ones((64, 64), np.float32), kernel="portable")
+    assert be.screen_bits == 8
+    with pytest.raises(ValueError, match="portable build screens with int8"):
+        be.screen_bits = 7
+    with pytest.raises(ValueError, match="screen bits 4"):
+        cpu_head_backend(np.ones((64, 64), np.float32), kernel="vnni", bits=4)
+
+
 def test_hidden_split_bounds_its_error():
     rng = np.random.default_rng(1)
     for scale in (1e-30, 1e-3, 1.0, 1e4):
@@ -123,12 +168,12 @@ def test_hidden_split_bounds_its_error():
 
 
 # -- the bound over thousands of steps ------------------------------------------------------------
-@pytest.mark.parametrize("kernel", kernels())
+@pytest.mark.parametrize("kernel,bits", screens())
 @pytest.mark.parametrize("gtype,dim", [("F16", 256), ("BF16", 200), ("F32", 72)])
-def test_bound_holds_every_row_every_step(kernel, gtype, dim):
+def test_bound_holds_every_row_every_step(kernel, bits, gtype, dim):
     rng = np.random.default_rng(7)
     V = 2048
-    be = cpu_head_backend(rng.standard_normal((V, dim)) * 0.05, gtype, kernel)
+    be = cpu_head_backend(rng.standard_normal((V, dim)) * 0.05, gtype, kernel, bits)
     head = Head(be, "screened", check=True)
     hs = (rng.standard_normal((1500, dim)) * rng.uniform(0.1, 10, (1500, 1))).astype(np.float32)
     for name, p in SAMPLINGS.items():
@@ -157,11 +202,11 @@ def adversarial_head(rng, V=1024, dim=128):
     return E.astype(np.float32)
 
 
-@pytest.mark.parametrize("kernel", kernels())
-def test_adversarial_heads(kernel):
+@pytest.mark.parametrize("kernel,bits", screens())
+def test_adversarial_heads(kernel, bits):
     rng = np.random.default_rng(3)
     E = adversarial_head(rng)
-    be = cpu_head_backend(E, "F16", kernel)
+    be = cpu_head_backend(E, "F16", kernel, bits)
     head = Head(be, "screened", check=True)
     dim = E.shape[1]
     hs = []
@@ -276,9 +321,15 @@ def test_load_head_option(tiny_gguf):
         load(tiny_gguf, backend="cpu", head="int8")
 
 
-def test_long_generations_checked(cpu_models):
+@pytest.mark.parametrize("bits", [8, 7])
+def test_long_generations_checked(cpu_models, bits):
     m = cpu_models["i2_s"]
+    if bits not in [b for _, b in screens()] or m.backend.kernel != "vnni":
+        pytest.skip(f"this CPU has no int{bits} screen")
+    before = m.backend.screen_bits
+    m.backend.screen_bits = bits
     screened, m.net.head = m.net.head, Head(m.backend, "screened", check=True)
+    assert m.net.head.tables.bits == bits
     try:
         for kw in ({}, {"temperature": 0.7, "top_k": 50, "seed": 8},
                    {"temperature": 1.0, "seed": 2, "repetition_penalty": 1.1}):
@@ -290,6 +341,7 @@ def test_long_generations_checked(cpu_models):
         assert m.net.head.stats.steps == 240 and not m.net.head.stats.fallbacks
     finally:
         m.net.head = screened
+        m.backend.screen_bits = before
 
 
 @pytest.mark.parametrize("T", [1, 3, 8])

@@ -76,16 +76,61 @@ def split_hidden(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def padded(dim: int) -> int:
-    """Bytes per row of the screen's codes: ``dim`` rounded up to 64 (one vpdpbusd)."""
+    """Codes per row of the screen: ``dim`` rounded up to 64 (one vpdpbusd)."""
     return -(-dim // 64) * 64
+
+
+#: the screen's code widths: int8 codes (-127..127) stored a byte each, or int7 codes (-63..63)
+#: packed eight to seven bytes (the cpu backend's, where the CPU has AVX512-VBMI to unpack them)
+SCREEN_BITS = (8, 7)
+
+
+def code_offset(bits: int) -> int:
+    """What a code is stored plus: 128 for int8 codes (u8 for vpdpbusd), 64 for int7 (7 bits)."""
+    return 1 << (bits - 1)
+
+
+def row_bytes(dim: int, bits: int) -> int:
+    """Bytes per row of the screen's codes: ``padded(dim)`` codes of ``bits`` bits."""
+    return padded(dim) * bits // 8
+
+
+def code_buffer(rows: int, nbytes: int) -> np.ndarray:
+    """uint8 [rows, nbytes] for a screen's codes, with 64 readable bytes after its end (a
+    kernel that unpacks int7 codes loads 64 bytes for the last 56)."""
+    return np.zeros(rows * nbytes + 64, np.uint8)[: rows * nbytes].reshape(rows, nbytes)
+
+
+def pack7(u: np.ndarray) -> np.ndarray:
+    """Stored int7 codes (uint8 < 128, ``[V, width]``, width a multiple of 8) packed: each 8
+    codes ``u_0..u_7`` become the 7 bytes of the little-endian 56-bit ``sum u_m << 7 m``."""
+    V, width = u.shape
+    words = np.zeros((V, width // 8), np.uint64)
+    for m in range(8):
+        words |= u[:, m::8].astype(np.uint64) << np.uint64(7 * m)
+    out = code_buffer(V, width * 7 // 8)
+    out[:] = words.view(np.uint8).reshape(V, -1, 8)[:, :, :7].reshape(V, -1)
+    return out
+
+
+def unpack7(p: np.ndarray) -> np.ndarray:
+    """:func:`pack7` undone: uint8 [V, 8 / 7 * bytes]."""
+    V, nb = p.shape
+    b = np.zeros((V, nb // 7, 8), np.uint8)
+    b[:, :, :7] = p.reshape(V, -1, 7)
+    words = b.view(np.uint64).reshape(V, -1)
+    out = np.empty((V, nb // 7 * 8), np.uint8)
+    for m in range(8):
+        out[:, m::8] = (words >> np.uint64(7 * m)) & np.uint64(0x7F)
+    return out
 
 
 @dataclass
 class ScreenTables:
     """The int8 copy of the head and what bounds each row's error (built at load)."""
 
-    codes: np.ndarray  # uint8 [V, padded(dim)]: c + 128 (padding: 128, i.e. value 0)
-    scale: np.ndarray  # float64 [V]: d = max|e| / 127
+    codes: np.ndarray  # uint8 [V, row_bytes(dim, bits)]: c + code_offset(bits), packed for int7
+    scale: np.ndarray  # float64 [V]: d = max|e| / 127 (int8), max|e| / 63 (int7)
     A: np.ndarray  # float64 [V]: bound per unit of ||x||: ||e - d c|| + gamma_D ||e||
     N: np.ndarray  # float64 [V]: bound per unit of ||x - x^||: ||d c||
     max_enorm: float  # max ||e||, for the overflow check
@@ -93,10 +138,12 @@ class ScreenTables:
     depth: int  # roundings a product passes through in the full kernel
     unit: float  # the full kernel's unit roundoff (2^-24 for float32)
     slack: float = 0.0  # further absolute slack per step (a device that may flush x's subnormals)
+    bits: int = 8  # the codes' width (SCREEN_BITS)
 
     @classmethod
     def build(cls, codes, scale, dnorm, qnorm, enorm, bad, dim: int, depth: int,
-              unit: float, *, flushed=None, flush_x: bool = False) -> ScreenTables:
+              unit: float, *, flushed=None, flush_x: bool = False, bits: int = 8
+              ) -> ScreenTables:
         """From the exact-math pieces (float64, as evaluated): rounds every term up.
 
         For a full kernel that may flush subnormal inputs to zero (wgpu: Vulkan allows it):
@@ -107,8 +154,9 @@ class ScreenTables:
         rel = norm_slack(dim)
         du = depth * unit
         gamma = du / (1 - du)
-        # e - d c as evaluated is within 2 ulps of max|e| = 127 d per value
-        A = (dnorm * (1 + rel) + math.sqrt(dim) * 127 * scale * 2.0 ** -50
+        # e - d c as evaluated is within 2 ulps of max|e| = qmax d per value
+        qmax = code_offset(bits) - 1
+        A = (dnorm * (1 + rel) + math.sqrt(dim) * qmax * scale * 2.0 ** -50
              + gamma * enorm * (1 + rel)) * (1 + REL)
         if flushed is not None:
             A = (A + np.asarray(flushed, np.float64) * (1 + rel)) * (1 + REL)
@@ -117,7 +165,17 @@ class ScreenTables:
         max_enorm = float(enorm[good].max()) if good.any() else 0.0
         slack = 2 * math.sqrt(dim) * max_enorm * (1 + rel) * 2.0 ** -126 if flush_x else 0.0
         return cls(codes, np.asarray(scale, np.float64), A, N, max_enorm, int((~good).sum()),
-                   depth, unit, slack)
+                   depth, unit, slack, bits)
+
+    @property
+    def width(self) -> int:
+        """Codes per row (``padded(dim)``): the length of the screen's input vectors."""
+        return self.codes.shape[1] * 8 // self.bits
+
+    def signed_codes(self) -> np.ndarray:
+        """int16 [V, width]: every row's codes c (unpacked, the offset taken off)."""
+        u = self.codes if self.bits == 8 else unpack7(self.codes)
+        return u.astype(np.int16) - code_offset(self.bits)
 
     @property
     def nbytes(self) -> int:
@@ -133,7 +191,7 @@ class ScreenTables:
     def prepare(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The screen's inputs for hidden states ``h`` [n, dim]: ``(XQ [n, 2, width], par [n,
         6])``, or None where the bound does not hold (NaN/inf, possible overflow)."""
-        width = self.codes.shape[1]
+        width = self.width
         xq = np.empty((h.shape[0], 2, width), np.int8)
         par = np.empty((h.shape[0], 6))
         for t in range(h.shape[0]):
@@ -144,30 +202,31 @@ class ScreenTables:
         return xq, par
 
 
-def quantize_head(E: np.ndarray) -> tuple[np.ndarray, ...]:
-    """numpy reference of :func:`.cpu.screen.quantize_head`: rows of ``E`` (float values) ->
-    ``(codes, scale, ||e - d c||, ||d c||, ||e||, bad)``."""
+def quantize_head(E: np.ndarray, bits: int = 8) -> tuple[np.ndarray, ...]:
+    """numpy reference of :func:`.cpu.screen.quantize_bits`: rows of ``E`` (float values) ->
+    ``(codes, scale, ||e - d c||, ||d c||, ||e||, bad)`` with ``bits``-bit codes."""
     E = np.asarray(E, dtype=np.float64)
     V, h = E.shape
+    qmax, off = code_offset(bits) - 1, code_offset(bits)
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(E).all(axis=1)
         m = np.where(bad, 0.0, np.abs(np.where(np.isfinite(E), E, 0)).max(axis=1, initial=0))
-        d = m / 127.0
+        d = m / qmax
         inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
-        c = np.where(bad[:, None], 0.0, np.clip(np.rint(E * inv[:, None]), -127, 127))
+        c = np.where(bad[:, None], 0.0, np.clip(np.rint(E * inv[:, None]), -qmax, qmax))
         r = E - c * d[:, None]
         dnorm = np.sqrt((r * r).sum(axis=1))
         qnorm = np.sqrt(((c * d[:, None]) ** 2).sum(axis=1))
         enorm = np.sqrt((E * E).sum(axis=1))
-    codes = np.full((V, padded(h)), 128, np.uint8)
-    codes[:, :h] = (c + 128).astype(np.uint8)
-    return codes, d, dnorm, qnorm, enorm, bad
+    codes = np.full((V, padded(h)), off, np.uint8)
+    codes[:, :h] = (c + off).astype(np.uint8)
+    return (codes if bits == 8 else pack7(codes)), d, dnorm, qnorm, enorm, bad
 
 
 def bounds_numpy(t: ScreenTables, xq: np.ndarray, par: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
     """numpy reference of the screen kernels: ``(lo, hi)`` float64 [n, V]."""
-    c = t.codes.astype(np.float64) - 128  # exact integers: the products and sums are exact
+    c = t.signed_codes().astype(np.float64)  # exact integers: the products and sums are exact
     d1 = xq[:, 0].astype(np.float64) @ c.T  # [n, V]
     d2 = xq[:, 1].astype(np.float64) @ c.T
     return bounds_from_sums(t, d1, d2, par)

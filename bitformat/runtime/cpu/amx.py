@@ -48,7 +48,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernels import KIND_I2S, L2, _dot2_vnni, _load64, _prefetch, host_features
-from .screen import SCREEN_BLOCK, _block_max, _bounds, _screen_dot
+from .screen import SCREEN_BLOCK, _block_max, _bounds, _screen_dot, _screen_dot7, _unpack7_rows
 
 #: rows of weights per A tile, and the most tokens a C tile holds
 TILE_ROWS = 16
@@ -468,6 +468,20 @@ def _screen_rows(typingctx, cfg, w, v0, width, ngroups, xb, ncol, cout):
     return sig, codegen
 
 
+@njit(inline="always")
+def _tile_bounds(cout, g0, ng, T, off, scale, A, N, par, lo, hi):
+    """The bounds of groups g0 .. g0 + ng - 1 from their tile sums (:func:`_screen_rows`) of
+    codes stored as ``c + off``."""
+    for gi in range(ng):
+        for t in range(T):
+            for k in range(TILE_ROWS):
+                v = (g0 + gi) * TILE_ROWS + k
+                d1 = np.int64(cout[gi, 0, k, 2 * t]) + np.int64(cout[gi, 1, k, 2 * t])
+                d2 = (np.int64(cout[gi, 0, k, 2 * t + 1])
+                      + np.int64(cout[gi, 1, k, 2 * t + 1]))
+                _bounds(v, t, d1, d2, off, scale, A, N, par, lo, hi)
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def screen_amx(W, XQ, XB, cfg, scale, A, N, par, lo, hi, bmax):
     """:func:`.screen.screen_vnni` for 2..8 tokens on AMX tiles: the codes (u8) go from
@@ -485,19 +499,43 @@ def screen_amx(W, XQ, XB, cfg, scale, A, N, par, lo, hi, bmax):
         ng = min(gpb, groups - g0)
         cout = np.empty((ng, 2, TILE_ROWS, 2 * T), np.int32)
         _screen_rows(cfg, W, g0 * TILE_ROWS, width, ng, XB, 2 * T, cout)
-        for gi in range(ng):
-            for t in range(T):
-                for k in range(TILE_ROWS):
-                    v = (g0 + gi) * TILE_ROWS + k
-                    d1 = np.int64(cout[gi, 0, k, 2 * t]) + np.int64(cout[gi, 1, k, 2 * t])
-                    d2 = (np.int64(cout[gi, 0, k, 2 * t + 1])
-                          + np.int64(cout[gi, 1, k, 2 * t + 1]))
-                    _bounds(v, t, d1, d2, scale, A, N, par, lo, hi)
+        _tile_bounds(cout, g0, ng, T, 128, scale, A, N, par, lo, hi)
         _block_max(lo, hi, g0 * TILE_ROWS, (g0 + ng) * TILE_ROWS, bmax, b)
     for v in range(groups * TILE_ROWS, V):
         for t in range(T):
             r = _screen_dot(W, v * width, xflat, t * 2 * width, width // 64)
-            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), scale, A, N, par, lo, hi)
+            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 128, scale, A, N, par, lo, hi)
+    if groups * TILE_ROWS < V:
+        v0 = groups * TILE_ROWS
+        _block_max(lo, hi, v0, V, bmax, v0 // SCREEN_BLOCK)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def screen_amx7(W, XQ, XB, cfg, scale, A, N, par, lo, hi, bmax):
+    """:func:`screen_amx` for int7 codes (:func:`.screen.screen_vbmi7`): each block's rows are
+    unpacked into a scratch of int8-width rows (in L2) and loaded into A tiles from there."""
+    V, nbytes = W.shape
+    n = nbytes // 56
+    width = 64 * n
+    T = XQ.shape[0]
+    groups = V // TILE_ROWS
+    gpb = SCREEN_BLOCK // TILE_ROWS
+    nblocks = (groups + gpb - 1) // gpb
+    xflat = XQ.reshape(-1)
+    for b in prange(nblocks):
+        g0 = b * gpb
+        ng = min(gpb, groups - g0)
+        cout = np.empty((ng, 2, TILE_ROWS, 2 * T), np.int32)
+        u = np.empty((ng * TILE_ROWS, width), np.uint8)
+        for r in range(ng * TILE_ROWS):
+            _unpack7_rows(W, (g0 * TILE_ROWS + r) * nbytes, u[r], n)
+        _screen_rows(cfg, u, 0, width, ng, XB, 2 * T, cout)
+        _tile_bounds(cout, g0, ng, T, 64, scale, A, N, par, lo, hi)
+        _block_max(lo, hi, g0 * TILE_ROWS, (g0 + ng) * TILE_ROWS, bmax, b)
+    for v in range(groups * TILE_ROWS, V):
+        for t in range(T):
+            r = _screen_dot7(W, v * nbytes, xflat, t * 2 * width, n)
+            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 64, scale, A, N, par, lo, hi)
     if groups * TILE_ROWS < V:
         v0 = groups * TILE_ROWS
         _block_max(lo, hi, v0, V, bmax, v0 // SCREEN_BLOCK)

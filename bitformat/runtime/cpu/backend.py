@@ -208,6 +208,7 @@ class CpuBackend(Backend):
         self._lut = None
         self._lut_f16: np.ndarray | None = None  # f16 -> f32 of every pattern (q2_0 kernel)
         self._screen: EH.ScreenTables | None = None
+        self._screen_bits: int | None = None  # screen_bits
         self._bounds_scratch: dict = {}  # T -> (lo, hi) of head_bounds
         self._bmax = None  # (lo, hi, block maxima) of the last head_bounds
         if et == GGMLType.F32:
@@ -620,23 +621,41 @@ class CpuBackend(Backend):
             return h // 16 + 4 + 2 * (h % 16)
         return h + 2
 
+    @property
+    def screen_bits(self) -> int:
+        """The screen's code width: int7 where the vnni build runs on a CPU with AVX512-VBMI
+        (which unpacks them in registers), else int8. Set it before the first screen to
+        choose (tests, benchmarks)."""
+        if self._screen_bits is None:
+            vbmi = self.kernel == "vnni" and "avx512vbmi" in K.host_features()
+            self._screen_bits = 7 if vbmi else 8
+        return self._screen_bits
+
+    @screen_bits.setter
+    def screen_bits(self, bits: int) -> None:
+        if bits not in EH.SCREEN_BITS or (bits == 7 and self.kernel != "vnni"):
+            raise ValueError(f"screen bits {bits}: the {self.kernel} build screens with "
+                             f"{'int8 or int7' if self.kernel == 'vnni' else 'int8'} codes")
+        if bits != self._screen_bits:
+            self._screen_bits, self._screen = bits, None
+
     def screen_tables(self) -> EH.ScreenTables | None:
-        """The int8 copy of the head and its bound terms (made once, on first use)."""
+        """The int8 (int7) copy of the head and its bound terms (made once, on first use)."""
         if self._E is None:
             return None
         if self._screen is None:
             E = self._E
-            V = E.shape[0]
-            codes = np.empty((V, EH.padded(self.dim)), np.uint8)
+            V, bits = E.shape[0], self.screen_bits
+            codes = EH.code_buffer(V, EH.row_bytes(self.dim, bits))
             scale, dn, qn, en = (np.empty(V) for _ in range(4))
             bad = np.empty(V, np.uint8)
             if E.dtype == np.uint16:
                 lut = self._lut if self._lut is not None else H.lut16(self.head_type.name)
-                S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad)
+                S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad, bits)
             else:
-                S.quantize_f32(E, codes, scale, dn, qn, en, bad)
+                S.quantize_f32(E, codes, scale, dn, qn, en, bad, bits)
             self._screen = EH.ScreenTables.build(codes, scale, dn, qn, en, bad, self.dim,
-                                                 self.head_depth(), 2.0 ** -24)
+                                                 self.head_depth(), 2.0 ** -24, bits=bits)
         return self._screen
 
     def head_bounds(self, t: EH.ScreenTables, xq: np.ndarray, par: np.ndarray
@@ -648,11 +667,14 @@ class CpuBackend(Backend):
         if lo is None or lo.shape[1] != V:  # fresh pages cost: 16 MB at 8 tokens
             lo, hi = self._bounds_scratch[T] = np.empty((T, V)), np.empty((T, V))
         bmax = S.block_maxima(V, T)
+        int7 = t.bits == 7
         if self.amx and 2 <= T <= A.SCREEN_TOKENS:  # a batched step: amx.py
-            self._call(A.screen_amx, t.codes.nbytes, t.codes, xq, A.screen_activations(xq),
-                       A.screen_config(T), t.scale, t.A, t.N, par, lo, hi, bmax)
+            self._call(A.screen_amx7 if int7 else A.screen_amx, t.codes.nbytes, t.codes, xq,
+                       A.screen_activations(xq), A.screen_config(T), t.scale, t.A, t.N, par,
+                       lo, hi, bmax)
         else:
-            kernel = S.screen_vnni if self.kernel == "vnni" else S.screen_portable
+            kernel = (S.screen_vbmi7 if int7 else S.screen_vnni if self.kernel == "vnni"
+                      else S.screen_portable)
             self._call(kernel, t.codes.nbytes, t.codes, xq, t.scale, t.A, t.N, par, lo, hi,
                        bmax)
         self._bmax = (lo, hi, bmax)
@@ -670,11 +692,16 @@ class CpuBackend(Backend):
     def head_rows(self, h: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """The head kernel's logits of rows ``ids`` only: those rows gathered, then the same
         kernel (the same bits as :meth:`lm_head`)."""
-        E = self._E[ids]
         x = np.ascontiguousarray(h, dtype=np.float32)
         out = np.empty((x.shape[0], len(ids)), dtype=np.float32)
         # thread pickers are kept per size: round it to a power of two
-        self._head_into(E, x, out, 1 << max(E.nbytes, 1).bit_length())
+        nbytes = 1 << max(len(ids) * self.dim * self.head_itemsize, 1).bit_length()
+        if self._head_tokens is not None and self.head_type != GGMLType.F32:
+            # the rows where they lie (a gathered copy of 500 rows cost 1 ms a step)
+            self._call(B.lm_head_rows, nbytes, self._E, np.ascontiguousarray(ids, np.int64), x,
+                       self.head_type == GGMLType.BF16, out)
+        else:
+            self._head_into(self._E[ids], x, out, nbytes)
         return out
 
     def head_rows_bytes(self, ids: np.ndarray) -> int:

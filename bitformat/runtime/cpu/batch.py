@@ -38,6 +38,7 @@ from .kernels import (
     _prefetch,
     _vnni_functions,
 )
+from .rans import _prefetch_span
 
 #: tokens per pass of the kernels (a step of more tokens takes several passes per row)
 GROUPS = (8, 4, 2, 1)
@@ -286,3 +287,26 @@ def lm_head_tokens(E, X, bf16, out):
                     acc += (_bf16_bits(E[v, k]) if bf16 else _f16_bits(E[v, k])) * X[t, k]
                 out[t, v] = acc
 
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def lm_head_rows(E, ids, X, bf16, out):
+    """:func:`lm_head_tokens`' logits of the rows ``ids`` only, read where they lie (no
+    gathered copy): ``out[t, i] = E[ids[i]] . X[t]``, each row's sum in that kernel's order
+    (one FMA chain per lane, the same tree, then the H % 16 tail), so the same bits. The
+    next row is hinted into L2 while one is summed (rows far apart: no stream to follow)."""
+    h = E.shape[1]
+    T = X.shape[0]
+    n = h // 16
+    tail = n * 16
+    for i in prange(ids.size):
+        v = ids[i]
+        if i + 1 < ids.size:
+            _prefetch_span(E[ids[i + 1]], 0, h)
+        for t in range(T):
+            r = (_bf16_1x1(E, v * h, h, X, t * h, h, n) if bf16
+                 else _f16_1x1(E, v * h, h, X, t * h, h, n))
+            acc = r[0]
+            for k in range(tail, h):
+                acc += (_bf16_bits(E[v, k]) if bf16 else _f16_bits(E[v, k])) * X[t, k]
+            out[t, i] = acc

@@ -3,7 +3,10 @@
 At load, :func:`quantize_bits` turns each embedding row ``e`` (f16, bf16 or f32 values) into int8
 codes ``c`` with one float64 scale ``d`` (``max|e| / 127``), stored as ``c + 128`` (uint8, rows
 padded to 64 bytes with value 0) so that vpdpbusd (u8 x s8) reads them, and the two norms the
-bound needs: ``||e - d c||`` and ``||d c||`` (float64, per row). Per step, a hidden state ``x``
+bound needs: ``||e - d c||`` and ``||d c||`` (float64, per row). Where the CPU has AVX512-VBMI
+the codes are int7 instead (``max|e| / 63``, stored ``c + 64`` and packed 8 to 7 bytes, unpacked
+in registers by vpermb + vpmultishiftqb: :func:`screen_vbmi7`): 1/8 fewer bytes per step for a
+bound twice as wide. Per step, a hidden state ``x``
 becomes two int8 vectors ``q1 + q2 / 254 ~ x s`` (:func:`..exact_head.split_hidden`), so the
 screen's integer sums are exact and its only errors are the two quantizations, which the bound
 covers through Cauchy-Schwarz. :func:`screen_vnni` (AVX512-VNNI: one code load, two vpdpbusd per 64
@@ -29,12 +32,15 @@ from .kernels import L2, _load64, _prefetch, _vnni_functions
 #: 8192 into L2 (4096: 10.1, 16384: 10.2).
 SCREEN_PREFETCH = 8192
 _I32x16 = ir.VectorType(ir.IntType(32), 16)
+_I8x64 = ir.VectorType(ir.IntType(8), 64)
 
 
 @njit(inline="always")
-def _quantize_row(e, v, codes, scale, dnorm, qnorm, enorm, bad):
-    """Row v's float64 values ``e`` into its codes, scale and norms (:func:`quantize_bits`)."""
+def _quantize_row(e, v, qmax, codes, scale, dnorm, qnorm, enorm, bad):
+    """Row v's float64 values ``e`` into ``codes`` (its stored codes ``c + qmax + 1``, padding
+    ``qmax + 1``), its scale and norms (:func:`quantize_bits`)."""
     h = e.size
+    off = qmax + 1
     m = 0.0
     fin = True
     for k in range(h):
@@ -44,86 +50,162 @@ def _quantize_row(e, v, codes, scale, dnorm, qnorm, enorm, bad):
         if a > m:
             m = a
     bad[v] = 0 if fin else 1
-    d = m / 127.0 if fin else 0.0
+    d = m / qmax if fin else 0.0
     scale[v] = d
     inv = 1.0 / d if d > 0 else 0.0
     s1 = 0.0
     s2 = 0.0
     s3 = 0.0
     for k in range(h):
-        c = min(127.0, max(-127.0, np.rint(e[k] * inv))) if fin else 0.0
-        codes[v, k] = np.uint8(np.int32(c) + 128)
+        c = min(float(qmax), max(-float(qmax), np.rint(e[k] * inv))) if fin else 0.0
+        codes[k] = np.uint8(np.int32(c) + off)
         r = e[k] - c * d
         s1 += r * r
         s2 += (c * d) * (c * d)
         s3 += e[k] * e[k]
-    for k in range(h, codes.shape[1]):
-        codes[v, k] = 128
+    for k in range(h, codes.size):
+        codes[k] = off
     dnorm[v] = math.sqrt(s1)
     qnorm[v] = math.sqrt(s2)
     enorm[v] = math.sqrt(s3)
 
 
+@njit(inline="always")
+def _pack7(u, out):
+    """Eight stored int7 codes to seven bytes (:func:`..exact_head.pack7`)."""
+    for j in range(u.size // 8):
+        w = np.uint64(0)
+        for m in range(8):
+            w |= np.uint64(u[8 * j + m]) << np.uint64(7 * m)
+        for b in range(7):
+            out[7 * j + b] = np.uint8((w >> np.uint64(8 * b)) & np.uint64(0xFF))
+
+
+@njit(inline="always")
+def _store_row(e, v, bits, codes, scale, dnorm, qnorm, enorm, bad):
+    """Row v quantized to ``bits``-bit codes (8 or 7) into ``codes[v]``."""
+    if bits == 8:
+        _quantize_row(e, v, 127, codes[v], scale, dnorm, qnorm, enorm, bad)
+    else:
+        u = np.empty(codes.shape[1] // 7 * 8, np.uint8)
+        _quantize_row(e, v, 63, u, scale, dnorm, qnorm, enorm, bad)
+        _pack7(u, codes[v])
+
+
 @njit(parallel=True, cache=True)
-def quantize_bits(E, lut, codes, scale, dnorm, qnorm, enorm, bad):
-    """Rows of ``E`` (uint16 bits, valued by ``lut``) into ``codes`` (uint8 ``c + 128``, padding
-    128), ``scale`` d, ``||e - d c||``, ``||d c||``, ``||e||`` (float64, as evaluated) and
+def quantize_bits(E, lut, codes, scale, dnorm, qnorm, enorm, bad, bits):
+    """Rows of ``E`` (uint16 bits, valued by ``lut``) into ``bits``-bit ``codes`` (int8:
+    uint8 ``c + 128``, padding 128; int7: ``c + 64`` packed, :func:`..exact_head.pack7`),
+    ``scale`` d, ``||e - d c||``, ``||d c||``, ``||e||`` (float64, as evaluated) and
     ``bad[v]`` = 1 where the row holds a NaN or an infinity (its codes are then 0)."""
     V, h = E.shape
     for v in prange(V):
         e = np.empty(h)
         for k in range(h):
             e[k] = lut[E[v, k]]
-        _quantize_row(e, v, codes, scale, dnorm, qnorm, enorm, bad)
+        _store_row(e, v, bits, codes, scale, dnorm, qnorm, enorm, bad)
 
 
 @njit(parallel=True, cache=True)
-def quantize_f32(E, codes, scale, dnorm, qnorm, enorm, bad):
+def quantize_f32(E, codes, scale, dnorm, qnorm, enorm, bad, bits):
     """:func:`quantize_bits` for float32 rows."""
     V, h = E.shape
     for v in prange(V):
         e = np.empty(h)
         for k in range(h):
             e[k] = E[v, k]
-        _quantize_row(e, v, codes, scale, dnorm, qnorm, enorm, bad)
+        _store_row(e, v, bits, codes, scale, dnorm, qnorm, enorm, bad)
+
+
+#: vpermb: qword k of a 64-byte load gathers the seven packed bytes 7k..7k+6 of its 8 codes
+_GATHER7 = [7 * (j // 8) + min(j % 8, 6) for j in range(64)]
+#: vpmultishiftqb: byte m of each qword takes the 8 bits from bit 7m (code m and one more)
+_SHIFT7 = [7 * (j % 8) for j in range(64)]
+
+
+def _unpack7(builder, wptr, off):
+    """<64 x i8>: the 64 stored int7 codes packed in the 56 bytes at ``wptr + off`` (it loads 64:
+    :func:`..exact_head.code_buffer`). AVX512-VBMI: vpermb, vpmultishiftqb, one and."""
+    raw = _load64(builder, wptr, off)
+    g = builder.shuffle_vector(raw, ir.Constant(_I8x64, None),
+                               ir.Constant(ir.VectorType(ir.IntType(32), 64), _GATHER7))
+    shift = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        _I8x64, [_I8x64, _I8x64]), "llvm.x86.avx512.pmultishift.qb.512")
+    s = builder.call(shift, [ir.Constant(_I8x64, _SHIFT7), g])
+    return builder.and_(s, ir.Constant(_I8x64, [0x7F] * 64))
+
+
+def _make_screen_dot(bits: int):
+    """Intrinsic ``dot(w, w_off, x, x_off, n) -> (D1, D2)``: the stored codes of one row (from
+    byte ``w_off``: n chunks of 64 codes, 64 bytes each for int8, 56 packed for int7) times
+    the int8 ``x[x_off + 64 i]`` (q1) and ``x[x_off + width + 64 i]`` (q2), ``width = 64 n``.
+    Exact int32. One code load (int7: and its unpacking), two vpdpbusd per chunk."""
+    step = 64 * bits // 8
+
+    @intrinsic
+    def dot(typingctx, w, w_off, x, x_off, n):
+        sig = types.UniTuple(types.int32, 2)(w, types.intp, x, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w_arr, w_off, x_arr, x_off, n = args
+            wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+            xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
+            vp, red = _vnni_functions(builder)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x16, None))
+                    for _ in range(2)]
+            width = builder.mul(n, ir.Constant(n.type, 64))
+            with cgutils.for_range(builder, n) as loop:
+                off = builder.mul(loop.index, ir.Constant(n.type, 64))
+                woff = builder.add(w_off, builder.mul(loop.index, ir.Constant(n.type, step)))
+                _prefetch(builder, wptr, builder.add(woff, ir.Constant(n.type,
+                                                                       SCREEN_PREFETCH)), L2)
+                codes = (_load64(builder, wptr, woff) if bits == 8
+                         else _unpack7(builder, wptr, woff))
+                wv = builder.bitcast(codes, _I32x16)
+                xo = builder.add(x_off, off)
+                for j, acc in enumerate(accs):
+                    at = builder.add(xo, width) if j else xo
+                    xv = builder.bitcast(_load64(builder, xptr, at), _I32x16)
+                    builder.store(builder.call(vp, [builder.load(acc), wv, xv]), acc)
+            out = [builder.call(red, [builder.load(a)]) for a in accs]
+            return context.make_tuple(builder, signature.return_type, out)
+
+        return sig, codegen
+
+    return dot
+
+
+_screen_dot = _make_screen_dot(8)
+_screen_dot7 = _make_screen_dot(7)
 
 
 @intrinsic
-def _screen_dot(typingctx, w, w_off, x, x_off, n):
-    """(D1, D2): u8 codes ``w[w_off + 64 i : +64]`` times the int8 ``x[x_off + 64 i]`` (q1)
-    and ``x[x_off + width + 64 i]`` (q2) over n chunks; ``width = 64 n``. Exact int32."""
-    sig = types.UniTuple(types.int32, 2)(w, types.intp, x, types.intp, types.intp)
+def _unpack7_rows(typingctx, w, w_off, out, n):
+    """``out[64 i : +64]`` = the stored int7 codes of chunk i (``w[w_off + 56 i]``), i < n."""
+    sig = types.void(w, types.intp, out, types.intp)
 
     def codegen(context, builder, signature, args):
-        w_arr, w_off, x_arr, x_off, n = args
+        w_arr, w_off, o_arr, n = args
         wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
-        xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
-        vp, red = _vnni_functions(builder)
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x16, None)) for _ in range(2)]
-        width = builder.mul(n, ir.Constant(n.type, 64))
+        optr = context.make_array(signature.args[2])(context, builder, o_arr).data
         with cgutils.for_range(builder, n) as loop:
-            off = builder.mul(loop.index, ir.Constant(n.type, 64))
-            woff = builder.add(w_off, off)
-            _prefetch(builder, wptr, builder.add(woff, ir.Constant(n.type, SCREEN_PREFETCH)),
-                      L2)
-            wv = builder.bitcast(_load64(builder, wptr, woff), _I32x16)
-            xo = builder.add(x_off, off)
-            for j, acc in enumerate(accs):
-                at = builder.add(xo, width) if j else xo
-                xv = builder.bitcast(_load64(builder, xptr, at), _I32x16)
-                builder.store(builder.call(vp, [builder.load(acc), wv, xv]), acc)
-        out = [builder.call(red, [builder.load(a)]) for a in accs]
-        return context.make_tuple(builder, signature.return_type, out)
+            src = builder.add(w_off, builder.mul(loop.index, ir.Constant(n.type, 56)))
+            _prefetch(builder, wptr, builder.add(src, ir.Constant(n.type, SCREEN_PREFETCH)), L2)
+            dst = builder.gep(optr, [builder.mul(loop.index, ir.Constant(n.type, 64))])
+            builder.store(_unpack7(builder, wptr, src), builder.bitcast(
+                dst, _I8x64.as_pointer()), align=1)
+        return context.get_dummy_value()
 
     return sig, codegen
 
 
 @njit(inline="always")
-def _bounds(v, t, d1, d2, scale, A, N, par, lo, hi):
-    """Row v, token t: the approximate logit from its integer sums and the bound around it.
-    ``par[t]``: (coef, nx, ndx, absolute slack, sum q1, sum q2)."""
-    d1 -= 128 * np.int64(par[t, 4])  # the codes are stored as c + 128
-    d2 -= 128 * np.int64(par[t, 5])
+def _bounds(v, t, d1, d2, off, scale, A, N, par, lo, hi):
+    """Row v, token t: the approximate logit from its integer sums of the stored codes (``c +
+    off``) and the bound around it. ``par[t]``: (coef, nx, ndx, absolute slack, sum q1, sum
+    q2)."""
+    d1 -= off * np.int64(par[t, 4])
+    d2 -= off * np.int64(par[t, 5])
     a = scale[v] * np.float64(FINE * d1 + d2) * par[t, 0]
     b = (A[v] * par[t, 1] + N[v] * par[t, 2] + abs(a) * 2.0 ** -45 + par[t, 3]) * (1.0 + REL)
     lo[t, v] = a - b
@@ -153,10 +235,11 @@ def block_maxima(V: int, T: int) -> np.ndarray:
 
 @njit(parallel=True, cache=True, nogil=True)
 def screen_vnni(W, XQ, scale, A, N, par, lo, hi, bmax):
-    """Bounds ``lo[t, v] <= l[t, v] <= hi[t, v]`` for every row v of the uint8 codes ``W``
-    [V, width] and every token t of ``XQ`` int8 [T, 2, width] (``exact_head.split_hidden``),
-    and their maxima per block of ``SCREEN_BLOCK`` rows into ``bmax`` (:func:`block_maxima`),
-    which lets :func:`greedy_candidates` skip the blocks that hold no candidate."""
+    """Bounds ``lo[t, v] <= l[t, v] <= hi[t, v]`` for every row v of the int8 codes ``W``
+    (uint8 [V, width], ``c + 128``) and every token t of ``XQ`` int8 [T, 2, width]
+    (``exact_head.split_hidden``), and their maxima per block of ``SCREEN_BLOCK`` rows into
+    ``bmax`` (:func:`block_maxima`), which lets :func:`greedy_candidates` skip the blocks that
+    hold no candidate."""
     V, width = W.shape
     T = XQ.shape[0]
     n = width // 64
@@ -166,7 +249,25 @@ def screen_vnni(W, XQ, scale, A, N, par, lo, hi, bmax):
         for v in range(b * SCREEN_BLOCK, v1):
             for t in range(T):
                 r = _screen_dot(W, v * width, xflat, t * 2 * width, n)
-                _bounds(v, t, np.int64(r[0]), np.int64(r[1]), scale, A, N, par, lo, hi)
+                _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 128, scale, A, N, par, lo, hi)
+        _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def screen_vbmi7(W, XQ, scale, A, N, par, lo, hi, bmax):
+    """:func:`screen_vnni` for int7 codes (uint8 [V, 7 / 8 width], ``c + 64`` packed by
+    :func:`..exact_head.pack7`; needs AVX512-VBMI): 1/8 fewer bytes, the same kind of sums."""
+    V, nbytes = W.shape
+    T = XQ.shape[0]
+    n = nbytes // 56
+    width = 64 * n
+    xflat = XQ.reshape(-1)
+    for b in prange(bmax.shape[0]):
+        v1 = min(V, (b + 1) * SCREEN_BLOCK)
+        for v in range(b * SCREEN_BLOCK, v1):
+            for t in range(T):
+                r = _screen_dot7(W, v * nbytes, xflat, t * 2 * width, n)
+                _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 64, scale, A, N, par, lo, hi)
         _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
 
 
@@ -188,7 +289,7 @@ def screen_portable(W, XQ, scale, A, N, par, lo, hi, bmax):
                     c = np.int32(wr[k])
                     d1 += c * np.int32(x1[k])
                     d2 += c * np.int32(x2[k])
-                _bounds(v, t, np.int64(d1), np.int64(d2), scale, A, N, par, lo, hi)
+                _bounds(v, t, np.int64(d1), np.int64(d2), 128, scale, A, N, par, lo, hi)
         _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
 
 

@@ -73,11 +73,11 @@ class GpuScreenedHead:
         lut = None
         if gtype == GGMLType.F32:
             E = np.ascontiguousarray(rows).view("<f4").reshape(V, dim)
-            S.quantize_f32(E, codes, scale, dn, qn, en, bad)
+            S.quantize_f32(E, codes, scale, dn, qn, en, bad, 8)
         else:
             E = np.ascontiguousarray(rows).view("<u2").reshape(V, dim)
             lut = H.lut16(gtype.name)
-            S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad)
+            S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad, 8)
         self.tables = EH.ScreenTables.build(
             codes, scale, dn, qn, en, bad, dim, self.depth(dim), UNIT,
             flushed=flushed_norms(E, gtype, lut), flush_x=True)
