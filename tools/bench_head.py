@@ -66,6 +66,11 @@ def main() -> None:
     a.kernel = m.backend.kernel
     m.warmup()
     heads = {"full": Head(m.backend, "full"), "screened": m.net.head}
+    a.bits = m.net.head.tables.bits
+    if a.bits != 8:  # the int8 screen beside it, on the same weights (its own tables)
+        m.backend.screen_bits = 8
+        heads["screened-int8"] = Head(m.backend, "screened")
+        m.backend.screen_bits = a.bits
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(1000, 100000, a.prompt)]
     bw = [read_bandwidth(3)]
@@ -78,13 +83,13 @@ def main() -> None:
         return {"tps": r.stats.generation_tps, "tokens": r.tokens, "stats": st,
                 "candidates": list(heads[mode].stats.candidates)}
 
-    once("full")  # warm-up: page faults, thread pickers
-    once("screened")
-    runs: dict[str, list[dict]] = {"full": [], "screened": []}
+    for mode in heads:  # warm-up: page faults, thread pickers
+        once(mode)
+    runs: dict[str, list[dict]] = {mode: [] for mode in heads}
     b0, s0 = cpu_jiffies()
     w0 = time.perf_counter()
     for i in range(a.repeat):
-        for mode in ("full", "screened"):
+        for mode in heads:
             runs[mode].append(once(mode))
             print(f"round {i} {mode}: {runs[mode][-1]['tps']:.2f} tok/s", flush=True)
     b1, s1 = cpu_jiffies()
@@ -93,9 +98,10 @@ def main() -> None:
     other = max(0.0, (b1 - b0 - (s1 - s0)) / hz / (wall * os.cpu_count()))
     bw.append(read_bandwidth(3))
     ids = {mode: [r["tokens"] for r in rs] for mode, rs in runs.items()}
-    assert all(t == ids["full"][0] for t in ids["full"] + ids["screened"]), "ids differ"
+    assert all(t == ids["full"][0] for rs in ids.values() for t in rs), "ids differ"
     sampled = {mode: once(mode, temperature=0.8, top_k=40, seed=1) for mode in runs}
-    assert sampled["full"]["tokens"] == sampled["screened"]["tokens"], "sampled ids differ"
+    assert all(r["tokens"] == sampled["full"]["tokens"] for r in sampled.values()), \
+        "sampled ids differ"
 
     res = {}
     for mode, rs in runs.items():
@@ -106,13 +112,19 @@ def main() -> None:
                      "token_bytes": st["bytes_read_per_token"]}
     greedy_c = np.concatenate([r["candidates"] for r in runs["screened"]])
     sampled_c = np.asarray(sampled["screened"]["candidates"])
+    int8 = None
+    if "screened-int8" in runs:
+        int8 = {"greedy": np.concatenate([r["candidates"] for r in runs["screened-int8"]]),
+                "sampled": np.asarray(sampled["screened-int8"]["candidates"]),
+                "sampled_tps": {mode: r["tps"] for mode, r in sampled.items()},
+                "screen_bytes": heads["screened-int8"].tables.nbytes}
     full_head = heads["full"].full_bytes
     bwm = statistics.median(bw)
     for r in res.values():
         r["floor"] = (r["token_bytes"] / (bwm * 1e9)) * r["tps"]
     speedup = res["screened"]["tps"] / res["full"]["tps"]
     text = render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup,
-                  m.head.tables.nbytes, len(ids["full"][0]))
+                  heads["screened"].tables.nbytes, len(ids["full"][0]), int8)
     print(text)
     if a.write:
         from benchdoc import DOC, replace_section
@@ -129,7 +141,7 @@ def dist(c: np.ndarray) -> str:
 
 
 def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_bytes,
-           n_tokens) -> str:
+           n_tokens, int8=None) -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -138,9 +150,11 @@ def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_by
         pass
     rows = ["| head | decode tok/s (median; rounds) | head MB/token | of f16 head | "
             "MB/token (whole step) | of bandwidth floor |", "|---|---|---|---|---|---|"]
-    for mode in ("full", "screened"):
+    for mode in res:
         r = res[mode]
-        rows.append(f"| {mode} | {r['tps']:.2f} ({', '.join(f'{t:.2f}' for t in r['tps_all'])})"
+        label = {"screened": f"screened (int{a.bits})", "screened-int8": "screened (int8)"}
+        rounds = ", ".join(f"{t:.2f}" for t in r["tps_all"])
+        rows.append(f"| {label.get(mode, mode)} | {r['tps']:.2f} ({rounds})"
                     f" | {r['head_bytes'] / 1e6:.1f} | {r['head_bytes'] / full_head:.1%} | "
                     f"{r['token_bytes'] / 1e6:.1f} | {r['floor']:.0%} |")
     hb_ok = res["screened"]["head_bytes"] <= 0.55 * full_head
@@ -167,9 +181,9 @@ def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_by
         "model's kernels do) and by the step's time.", "",
         f"**Screened / full decode: {speedup:.2f}x**; the screened head reads "
         f"{res['screened']['head_bytes'] / full_head:.1%} of the f16 head's bytes per token "
-        f"(the int8 screen with its scales and bound terms, {screen_bytes / 1e6:.1f} MB, plus "
-        f"the rescored f16 rows). Token ids: identical in every round ({n_tokens} tokens), and "
-        f"for seeded sampling (temperature 0.8, top-k 40, seed 1).", "",
+        f"(the int{a.bits} screen with its scales and bound terms, {screen_bytes / 1e6:.1f} MB, "
+        f"plus the rescored f16 rows). Token ids: identical in every round ({n_tokens} tokens) "
+        f"and every head, and for seeded sampling (temperature 0.8, top-k 40, seed 1).", "",
         "Targets (issue 14): head bytes at most 55 % of the f16 head's: "
         f"**{res['screened']['head_bytes'] / full_head:.1%}** ({met(hb_ok)}); screened decode "
         f"at least 1.3x the full head's: **{speedup:.2f}x** ({met(speedup >= 1.3)}); decode "
@@ -177,17 +191,30 @@ def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_by
         f" ({met(res['full']['floor'] >= 0.75)}).", "",
         f"Candidates rescored per step, greedy: {dist(greedy_c)}; temperature 0.8 + top-k 40: "
         f"{dist(sampled_c)}. Plot: `docs/{PLOT.name}`.", "",
-        "The bound is rigorous (docs/exact-head.md): int8 rounding of each row and two-level "
-        "int8 rounding of the hidden state, each through Cauchy-Schwarz, plus the full "
-        "kernel's float32 rounding from its summation depth (160 FMAs per lane + a 4-level "
-        "tree). A trained model's peaked logits leave fewer candidates than this Gaussian "
-        "head. Narrower screens were not built: the bound scales with the codes' step, so on "
-        "a Gaussian head (`tools/sim_screen_bits.py`: 128,256 rows, the bound's dominant term, "
-        "each row at the scale that minimizes its rounding error) int8 leaves 25 greedy "
-        "candidates, int7 420 and int6 15,671 (12 % of the vocabulary); an int4 screen would "
-        "keep most of it. int7 would read 41 MB less per step (about 1.5 ms here) for ~2 MB "
-        "of rescored rows.",
+        *(int8_text(a, res, int8) if int8 is not None else []),
+        "The bound is rigorous (docs/exact-head.md): the rounding of each row to its codes and "
+        "the two-level int8 rounding of the hidden state, each through Cauchy-Schwarz, plus "
+        "the full kernel's float32 rounding from its summation depth (160 FMAs per lane + a "
+        "4-level tree). A trained model's peaked logits leave fewer candidates than this "
+        "Gaussian head. The bound scales with the codes' step: on a Gaussian head "
+        "(`tools/sim_screen_bits.py`: 128,256 rows, the bound's dominant term) int8 leaves 25 "
+        "greedy candidates, int7 420 and int6 15,671 (12 % of the vocabulary), so int6 and "
+        "narrower screens were not built.",
     ])
+
+
+def int8_text(a, res, int8) -> list[str]:
+    """The int8 screen, run in the same rounds, against the int7 one."""
+    r8, r7, full = res["screened-int8"], res["screened"], res["full"]
+    st = int8["sampled_tps"]
+    return [
+        f"The int8 screen (where the CPU has no AVX512-VBMI; {int8['screen_bytes'] / 1e6:.1f} "
+        f"MB) in the same rounds: {r8['tps']:.2f} tok/s, **{r8['tps'] / full['tps']:.2f}x** "
+        f"the full head (int{a.bits}: {r7['tps'] / r8['tps']:.3f}x of int8), head "
+        f"{r8['head_bytes'] / 1e6:.1f} MB/token; candidates greedy {dist(int8['greedy'])}; "
+        f"temperature 0.8 + top-k 40: {dist(int8['sampled'])}. The seeded-sampling run "
+        f"(one each): full {st['full']:.2f}, int{a.bits} {st['screened']:.2f}, int8 "
+        f"{st['screened-int8']:.2f} tok/s.", ""]
 
 
 def plot(greedy_c: np.ndarray, sampled_c: np.ndarray) -> None:
