@@ -117,27 +117,30 @@ def test_screen_amx7_equals_screen_vbmi7(vocab, width):
     from bitformat.runtime import exact_head as EH
     from bitformat.runtime.cpu import amx
     from bitformat.runtime.cpu.kernels import host_features
-    from bitformat.runtime.cpu.screen import block_maxima, screen_vbmi7, screen_vnni
+    from bitformat.runtime.cpu.screen import block_maxima, screen_vbmi7
 
     if not amx.available() or "avx512vbmi" not in host_features():
         pytest.skip("needs AMX-INT8 and AVX512-VBMI")
     rng = np.random.default_rng(vocab * width)
-    U = rng.integers(0, 128, (vocab, width), dtype=np.uint8)  # stored int7 codes
+    U = rng.integers(0, 128, (vocab, width), dtype=np.uint8)  # stored int7 codes h + 64
     W = EH.pack7(U)
     scale, A, N = (rng.random(vocab) for _ in range(3))
+    t = EH.ScreenTables(W, scale, A, N, 1.0, 0, 1, 2.0 ** -24, bits=7)
     for T in (1, 2, 5, 8):
         XQ = rng.integers(-127, 128, (T, 2, width), dtype=np.int8)
         par = rng.random((T, 6))
         par[:, 4:] = XQ.sum(axis=2, dtype=np.int64)  # as split_hidden sets them
-        want, got, ref = (np.empty((2, T, vocab)) for _ in range(3))
+        want, got = (np.empty((2, T, vocab)) for _ in range(2))
+        wsum, gsum = (np.empty((T, vocab, 2), np.int32) for _ in range(2))
         wmax, gmax = block_maxima(vocab, T), block_maxima(vocab, T)
-        screen_vbmi7(W, XQ, scale, A, N, par, want[0], want[1], wmax)
-        # the same sums as int8 codes u + 64 read by screen_vnni (offset 128)
-        screen_vnni(U + np.uint8(64), XQ, scale, A, N, par, ref[0], ref[1], block_maxima(
-            vocab, T))
-        np.testing.assert_array_equal(want, ref, err_msg=f"T={T}")
+        screen_vbmi7(W, XQ, scale, A, N, par, want[0], want[1], wmax, wsum)
+        np.testing.assert_array_equal(  # the sums of the stored codes, exactly
+            wsum, np.einsum("vk,tjk->tvj", U.astype(np.int64), XQ.astype(np.int64)))
+        rlo, rhi = EH.bounds_numpy(t, XQ, par)  # of the signed codes 4 (u - 64) + 1
+        np.testing.assert_array_equal(want, np.stack([rlo, rhi]), err_msg=f"T={T}")
         if T >= 2:
             amx.screen_amx7(W, XQ, amx.screen_activations(XQ), amx.screen_config(T), scale,
-                            A, N, par, got[0], got[1], gmax)
+                            A, N, par, got[0], got[1], gmax, gsum)
             np.testing.assert_array_equal(got, want, err_msg=f"T={T}")
             np.testing.assert_array_equal(gmax, wmax, err_msg=f"T={T}")
+            np.testing.assert_array_equal(gsum, wsum, err_msg=f"T={T}")

@@ -48,6 +48,7 @@ def cpu_head_backend(E: np.ndarray, gtype: str = "F16", kernel: str | None = Non
     be._screen, be._pickers, be._threads_now, be.threads = None, None, 0, 2
     be._screen_bits = None
     be._bounds_scratch, be._bmax = {}, None
+    be._sums_scratch, be._sums = {}, None
     be._set_threads = lambda n: None
     be.dtype, be.name = np.float32, "cpu"
     if bits is not None:
@@ -97,23 +98,41 @@ def test_screen_kernels_match_numpy_reference(kernel, bits, dim):
     be = cpu_head_backend(E.astype(np.float32), kernel=kernel, bits=bits)
     t = be.screen_tables()
     assert t.bits == bits and t.width == EH.padded(dim)
-    codes, d, dn, qn, en, bad = EH.quantize_head(E.astype(np.float64), bits)
+    q = EH.quantize_head(E.astype(np.float64), bits)
+    codes, d, dn, qn, en, bad = q[:6]
     assert np.array_equal(t.codes, codes) and np.array_equal(t.scale, d) and not bad.any()
     assert t.codes.shape == (301, EH.padded(dim) * bits // 8)
-    c = t.signed_codes()  # the codes round the row to its scale's grid
-    qmax = 2 ** (bits - 1) - 1
-    assert np.abs(c).max() == qmax and not c[:, dim:].any()
-    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
-    np.testing.assert_array_equal(c[:, :dim], np.rint(E.astype(np.float64) * inv[:, None]))
+    d8 = d if bits == 8 else 2 * d  # the int8 codes' scale
+    c8 = t.signed_codes() if bits == 8 else t.fine_codes(np.arange(301))
+    assert np.abs(c8).max() == 127 and not c8[:, dim:].any()
+    inv = np.divide(1.0, d8, out=np.zeros_like(d8), where=d8 > 0)
+    np.testing.assert_array_equal(c8[:, :dim], np.rint(E.astype(np.float64) * inv[:, None]))
+    if bits == 7:  # the screen's codes: the odd 4 floor(c / 2) + 1, the plane: c's low bit
+        assert np.array_equal(t.fine, q[6][0])
+        k = t.signed_codes()[:, :dim]
+        assert np.array_equal(k, 4 * np.floor(c8[:, :dim] / 2) + 1)
     ref = EH.ScreenTables.build(codes, d, dn, qn, en, bad, dim, be.head_depth(), 2.0 ** -24,
-                                bits=bits)
+                                bits=bits, fine=q[6] if bits == 7 else None)
     np.testing.assert_allclose(t.A, ref.A, rtol=1e-12)
     np.testing.assert_allclose(t.N, ref.N, rtol=1e-12)
+    if bits == 7:
+        np.testing.assert_allclose(t.fine_A, ref.fine_A, rtol=1e-12)
+        np.testing.assert_allclose(t.fine_N, ref.fine_N, rtol=1e-12)
     h = rng.standard_normal((3, dim)).astype(np.float32)
     xq, par = ref.prepare(h)
     lo, hi = be.head_bounds(ref, xq, par)
     rlo, rhi = EH.bounds_numpy(ref, xq, par)
     assert np.array_equal(lo, rlo) and np.array_equal(hi, rhi)
+    exact = h.astype(np.float64) @ E.astype(np.float64).T  # (the float32 kernel: within slack)
+    if bits == 7:  # the int8 screen of some rows, from the int7 screen's sums
+        ids = np.array([0, 5, 7, 8, 9, 150, 300])
+        lo2, hi2 = be.head_refine(ref, ids, xq, par)
+        rlo2, rhi2 = EH.refine_numpy(ref, ids, xq, par)
+        assert np.array_equal(lo2, rlo2) and np.array_equal(hi2, rhi2)
+        assert ((lo2 <= exact[:, ids]) & (exact[:, ids] <= hi2)).all()
+        w1, w2 = hi[:, ids] - lo[:, ids], hi2 - lo2  # int8 bounds are the tighter
+        assert (w2 <= w1).all() and (w2[:, ids != 7] < w1[:, ids != 7]).all()  # (7: zero row)
+    assert ((lo <= exact) & (exact <= hi)).all()
     other = S.screen_portable if (kernel, bits) == ("vnni", 8) else None
     if other is not None:
         lo2, hi2 = np.empty_like(lo), np.empty_like(hi)

@@ -84,7 +84,9 @@ def test_screen_and_rows_kernels(devices, lanes, max_binding, gtype, dim):
     ref = EH.quantize_head(vals.astype(np.float64))
     assert np.array_equal(t.codes, ref[0]) and np.array_equal(t.scale, ref[1])
     codes2 = np.empty_like(t.codes)  # and the cpu backend's quantizer agrees
-    quantize_f32(vals, codes2, *(np.empty(V) for _ in range(4)), np.empty(V, np.uint8), 8)
+    none = (np.empty((0, 0), np.uint8), np.empty(0), np.empty(0))
+    quantize_f32(vals, codes2, none[0], *(np.empty(V) for _ in range(4)), np.empty(V, np.uint8),
+                 *none[1:], 8)
     assert np.array_equal(codes2, t.codes)
     h = (rng.standard_normal((3, dim)) * [[1], [1e-3], [40]]).astype(np.float32)
     xq, par = t.prepare(h)

@@ -80,8 +80,10 @@ def padded(dim: int) -> int:
     return -(-dim // 64) * 64
 
 
-#: the screen's code widths: int8 codes (-127..127) stored a byte each, or int7 codes (-63..63)
-#: packed eight to seven bytes (the cpu backend's, where the CPU has AVX512-VBMI to unpack them)
+#: the screen's code widths: int8 codes (-127..127) stored a byte each, or the int8 codes split
+#: into their high 7 bits (packed eight to seven bytes: the screen reads those) and their low bit
+#: (a bit plane read for the screen's candidates only, which it narrows to the int8 screen's
+#: candidates): the cpu backend's where the CPU has AVX512-VBMI to unpack them
 SCREEN_BITS = (8, 7)
 
 
@@ -125,12 +127,37 @@ def unpack7(p: np.ndarray) -> np.ndarray:
     return out
 
 
+def bound_terms(dnorm, qnorm, enorm, scale, qmax: int, dim: int, depth: int, unit: float,
+                flushed=None) -> tuple[np.ndarray, np.ndarray]:
+    """A row's bound per unit of ``||x||`` (A) and of ``||x - x^||`` (N), every term rounded
+    up, from ``||e - s k||``, ``||s k||`` and ``||e||`` (float64, as evaluated) of codes k with
+    ``|k| <= qmax`` at scale s. ``flushed``: (wgpu) the norm of each row's values the full
+    kernel may flush to zero."""
+    rel = norm_slack(dim)
+    du = depth * unit
+    gamma = du / (1 - du)
+    # e - s k as evaluated is within 2 ulps of max|s k| <= qmax s per value
+    A = (dnorm * (1 + rel) + math.sqrt(dim) * qmax * scale * 2.0 ** -50
+         + gamma * enorm * (1 + rel)) * (1 + REL)
+    if flushed is not None:
+        A = (A + np.asarray(flushed, np.float64) * (1 + rel)) * (1 + REL)
+    return A, qnorm * (1 + rel) * (1 + REL)
+
+
 @dataclass
 class ScreenTables:
-    """The int8 copy of the head and what bounds each row's error (built at load)."""
+    """The int8 (int7) copy of the head and what bounds each row's error (built at load).
 
-    codes: np.ndarray  # uint8 [V, row_bytes(dim, bits)]: c + code_offset(bits), packed for int7
-    scale: np.ndarray  # float64 [V]: d = max|e| / 127 (int8), max|e| / 63 (int7)
+    int8: codes ``c`` (-127..127) of ``e ~ d c``, d = max|e| / 127, stored ``c + 128``.
+    int7: the same int8 codes as ``c = 2 h + b`` (h = floor(c / 2), -64..63; b = 0, 1); the
+    screen reads ``h + 64`` (7 bits, packed) and bounds ``e ~ (d / 2) k`` with the odd codes
+    ``k = 4 h + 1`` (the middle of 2h and 2h + 1); its candidates are then screened again
+    with the int8 codes (``2 h`` plus the bit plane ``fine``), whose terms ``fine_A``,
+    ``fine_N`` are those of the int8 screen (at scale ``2 * scale``).
+    """
+
+    codes: np.ndarray  # uint8 [V, row_bytes(dim, bits)]: int8: c + 128; int7: h + 64, packed
+    scale: np.ndarray  # float64 [V]: int8: d = max|e| / 127; int7: d / 2
     A: np.ndarray  # float64 [V]: bound per unit of ||x||: ||e - d c|| + gamma_D ||e||
     N: np.ndarray  # float64 [V]: bound per unit of ||x - x^||: ||d c||
     max_enorm: float  # max ||e||, for the overflow check
@@ -139,43 +166,64 @@ class ScreenTables:
     unit: float  # the full kernel's unit roundoff (2^-24 for float32)
     slack: float = 0.0  # further absolute slack per step (a device that may flush x's subnormals)
     bits: int = 8  # the codes' width (SCREEN_BITS)
+    fine: np.ndarray | None = None  # int7: uint8 [V, width / 8], bit i of byte j: b of value 8j+i
+    fine_A: np.ndarray | None = None  # int7: the int8 codes' A and N
+    fine_N: np.ndarray | None = None
 
     @classmethod
     def build(cls, codes, scale, dnorm, qnorm, enorm, bad, dim: int, depth: int,
-              unit: float, *, flushed=None, flush_x: bool = False, bits: int = 8
-              ) -> ScreenTables:
+              unit: float, *, flushed=None, flush_x: bool = False, bits: int = 8,
+              fine=None) -> ScreenTables:
         """From the exact-math pieces (float64, as evaluated): rounds every term up.
 
         For a full kernel that may flush subnormal inputs to zero (wgpu: Vulkan allows it):
         ``flushed`` [V], the norm of each row's values it may flush (added to the row's bound
         per unit of ``||x||``), and ``flush_x``: x's own subnormals (each below 2^-126) may be
         flushed, which moves a logit by at most ``||e||_1 2^-126 <= sqrt(dim) ||e|| 2^-126``.
+        int7: ``fine`` = (bit plane, ``||e - d c||``, ``||d c||``) of the int8 codes.
         """
+        scale = np.asarray(scale, np.float64)
+        qmax = 127 if bits == 8 else 255  # |c| <= 127; |k| = |4 h + 1| <= 255
+        A, N = bound_terms(dnorm, qnorm, enorm, scale, qmax, dim, depth, unit, flushed)
+        fine_A = fine_N = plane = None
+        if bits == 7:
+            plane, fdn, fqn = fine
+            fine_A, fine_N = bound_terms(fdn, fqn, enorm, 2 * scale, 127, dim, depth, unit,
+                                         flushed)
         rel = norm_slack(dim)
-        du = depth * unit
-        gamma = du / (1 - du)
-        # e - d c as evaluated is within 2 ulps of max|e| = qmax d per value
-        qmax = code_offset(bits) - 1
-        A = (dnorm * (1 + rel) + math.sqrt(dim) * qmax * scale * 2.0 ** -50
-             + gamma * enorm * (1 + rel)) * (1 + REL)
-        if flushed is not None:
-            A = (A + np.asarray(flushed, np.float64) * (1 + rel)) * (1 + REL)
-        N = qnorm * (1 + rel) * (1 + REL)
         good = ~np.asarray(bad, bool)
         max_enorm = float(enorm[good].max()) if good.any() else 0.0
         slack = 2 * math.sqrt(dim) * max_enorm * (1 + rel) * 2.0 ** -126 if flush_x else 0.0
-        return cls(codes, np.asarray(scale, np.float64), A, N, max_enorm, int((~good).sum()),
-                   depth, unit, slack, bits)
+        return cls(codes, scale, A, N, max_enorm, int((~good).sum()), depth, unit, slack, bits,
+                   plane, fine_A, fine_N)
 
     @property
     def width(self) -> int:
         """Codes per row (``padded(dim)``): the length of the screen's input vectors."""
         return self.codes.shape[1] * 8 // self.bits
 
+    @property
+    def sums(self) -> tuple[int, int]:
+        """(mul, off): a row's signed codes dotted with q are ``mul * S - off * sum(q)`` for the
+        sum S of its stored codes: (1, 128) for int8 (c + 128), (4, 255) for int7 (k = 4 (u -
+        64) + 1 for u = h + 64)."""
+        return (1, 128) if self.bits == 8 else (4, 255)
+
     def signed_codes(self) -> np.ndarray:
-        """int16 [V, width]: every row's codes c (unpacked, the offset taken off)."""
-        u = self.codes if self.bits == 8 else unpack7(self.codes)
-        return u.astype(np.int16) - code_offset(self.bits)
+        """int16 [V, width]: the codes the screen's bound is about (int8: c; int7: k)."""
+        if self.bits == 8:
+            return self.codes.astype(np.int16) - 128
+        return 4 * (unpack7(self.codes).astype(np.int16) - 64) + 1
+
+    def fine_codes(self, ids: np.ndarray) -> np.ndarray:
+        """int7 tables: int16 [len(ids), width], the int8 codes c = 2 h + b of rows ids."""
+        h = unpack7(self.codes[ids]).astype(np.int16) - 64
+        b = np.unpackbits(self.fine[ids], axis=1, bitorder="little")
+        return 2 * h + b
+
+    def fine_nbytes(self, n: int) -> int:
+        """What the int8 screen of n candidate rows reads: bit planes, scales, terms, sums."""
+        return 0 if self.fine is None else n * (self.fine.shape[1] + 3 * 8 + 8)
 
     @property
     def nbytes(self) -> int:
@@ -204,23 +252,35 @@ class ScreenTables:
 
 def quantize_head(E: np.ndarray, bits: int = 8) -> tuple[np.ndarray, ...]:
     """numpy reference of :func:`.cpu.screen.quantize_bits`: rows of ``E`` (float values) ->
-    ``(codes, scale, ||e - d c||, ||d c||, ||e||, bad)`` with ``bits``-bit codes."""
+    ``(codes, scale, ||e - s k||, ||s k||, ||e||, bad)`` (:class:`ScreenTables`), and for
+    ``bits`` 7 also ``(bit plane, ||e - d c||, ||d c||)`` of the int8 codes."""
     E = np.asarray(E, dtype=np.float64)
     V, h = E.shape
-    qmax, off = code_offset(bits) - 1, code_offset(bits)
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(E).all(axis=1)
         m = np.where(bad, 0.0, np.abs(np.where(np.isfinite(E), E, 0)).max(axis=1, initial=0))
-        d = m / qmax
+        d = m / 127.0
         inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
-        c = np.where(bad[:, None], 0.0, np.clip(np.rint(E * inv[:, None]), -qmax, qmax))
+        c = np.where(bad[:, None], 0.0, np.clip(np.rint(E * inv[:, None]), -127, 127))
         r = E - c * d[:, None]
         dnorm = np.sqrt((r * r).sum(axis=1))
         qnorm = np.sqrt(((c * d[:, None]) ** 2).sum(axis=1))
         enorm = np.sqrt((E * E).sum(axis=1))
-    codes = np.full((V, padded(h)), off, np.uint8)
-    codes[:, :h] = (c + off).astype(np.uint8)
-    return (codes if bits == 8 else pack7(codes)), d, dnorm, qnorm, enorm, bad
+        if bits == 7:
+            hi = np.floor(c / 2)
+            val = (d[:, None] / 2) * (4 * hi + 1)
+            r1 = E - val
+            dn1, qn1 = np.sqrt((r1 * r1).sum(axis=1)), np.sqrt((val * val).sum(axis=1))
+    if bits == 8:
+        codes = np.full((V, padded(h)), 128, np.uint8)
+        codes[:, :h] = (c + 128).astype(np.uint8)
+        return codes, d, dnorm, qnorm, enorm, bad
+    u = np.full((V, padded(h)), 64, np.uint8)
+    u[:, :h] = (hi + 64).astype(np.uint8)
+    low = np.zeros((V, padded(h)), np.uint8)
+    low[:, :h] = (c - 2 * hi).astype(np.uint8)
+    plane = np.packbits(low, axis=1, bitorder="little")
+    return pack7(u), d / 2, dn1, qn1, enorm, bad, (plane, dnorm, qnorm)
 
 
 def bounds_numpy(t: ScreenTables, xq: np.ndarray, par: np.ndarray
@@ -232,15 +292,30 @@ def bounds_numpy(t: ScreenTables, xq: np.ndarray, par: np.ndarray
     return bounds_from_sums(t, d1, d2, par)
 
 
-def bounds_from_sums(t: ScreenTables, d1: np.ndarray, d2: np.ndarray, par: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def bounds_from_sums(t: ScreenTables, d1: np.ndarray, d2: np.ndarray, par: np.ndarray,
+                     ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(lo, hi)`` float64 [n, V] from a screen's exact integer sums ``D1 = c . q1`` and
     ``D2 = c . q2`` [n, V] of the signed codes (what the wgpu screen kernel returns): the
-    float64 arithmetic of :func:`.cpu.screen._bounds`, vectorized."""
-    a = t.scale * (FINE * np.asarray(d1, np.float64) + d2) * par[:, :1]
-    b = (t.A * par[:, 1:2] + t.N * par[:, 2:3] + np.abs(a) * 2.0 ** -45
+    float64 arithmetic of :func:`.cpu.screen._bound`, vectorized. With ``ids``: the int8
+    screen of those rows of int7 tables (sums of their int8 codes, [n, len(ids)])."""
+    if ids is None:
+        scale, A, N = t.scale, t.A, t.N
+    else:
+        scale, A, N = 2 * t.scale[ids], t.fine_A[ids], t.fine_N[ids]
+    a = scale * (FINE * np.asarray(d1, np.float64) + d2) * par[:, :1]
+    b = (A * par[:, 1:2] + N * par[:, 2:3] + np.abs(a) * 2.0 ** -45
          + par[:, 3:4]) * (1.0 + REL)
     return a - b, a + b
+
+
+def refine_numpy(t: ScreenTables, ids: np.ndarray, xq: np.ndarray, par: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """numpy reference of the int8 screen of rows ``ids`` of int7 tables: ``(lo, hi)``
+    float64 [n, len(ids)]."""
+    c = t.fine_codes(ids).astype(np.float64)
+    d1 = xq[:, 0].astype(np.float64) @ c.T
+    d2 = xq[:, 1].astype(np.float64) @ c.T
+    return bounds_from_sums(t, d1, d2, par, ids)
 
 
 @dataclass
@@ -252,6 +327,7 @@ class HeadStats:
     rows: int = 0
     screened_rows: int = 0
     candidates: list[int] = field(default_factory=list)  # rows rescored, per screened step
+    screen_candidates: list[int] = field(default_factory=list)  # int7: before the int8 screen
     fallbacks: Counter = field(default_factory=Counter)  # reason -> rows
     head_bytes: int = 0  # bytes the head read, all steps
     full_bytes: int = 0  # what the full head reads per step
@@ -263,7 +339,9 @@ class HeadStats:
                 "candidates_per_step_max": int(c.max()),
                 "head_fallbacks": dict(self.fallbacks),
                 "head_bytes_per_step": self.head_bytes / max(self.steps, 1),
-                "full_head_bytes": self.full_bytes}
+                "full_head_bytes": self.full_bytes,
+                **({"int7_candidates_per_step_mean": float(np.mean(self.screen_candidates))}
+                   if self.screen_candidates else {})}
 
 
 class Head:
@@ -339,12 +417,19 @@ class Head:
         elif plain.any():
             sets.append(self._greedy_candidates(lo[plain], hi[plain]))
         ids = sets[0] if len(sets) == 1 else np.unique(np.concatenate(sets))
+        refined = None
+        if self.tables.fine is not None and ids.size:  # int7: the int8 screen of its candidates
+            st.screen_candidates.append(int(ids.size))
+            lo2, hi2 = self.be.head_refine(self.tables, ids, *prep)
+            refined = (ids, lo2, hi2)
+            ids = self._refined_candidates(samplers, plain, lo, hi, ids, lo2, hi2)
         exact = self.be.head_rows(h, ids)  # [n, len(ids)]
         if not np.isfinite(exact).all():
             return self._full(h, samplers, "logits not finite")
         st.screened_rows += len(samplers)
         st.candidates.append(int(ids.size))
-        st.head_bytes += self.tables.nbytes + self.be.head_rows_bytes(ids)
+        st.head_bytes += (self.tables.nbytes + self.be.head_rows_bytes(ids)
+                          + (self.tables.fine_nbytes(refined[0].size) if refined else 0))
         # greedy without penalty: Sampler.pick's argmax over float32 logits, every row
         # outside ids -inf; ids ascend, so the first maximum is the same row
         best = ids[np.argmax(exact.astype(np.float32, copy=False), axis=1)]
@@ -357,8 +442,30 @@ class Head:
             z[ids] = exact[r]
             tokens.append(s.pick(z))
         if self.check:
-            self._check(h, samplers, lo, hi, tokens, ids, exact)
+            self._check(h, samplers, lo, hi, tokens, ids, exact, refined)
         return tokens
+
+    def _refined_candidates(self, samplers, plain, lo, hi, ids, lo2, hi2) -> np.ndarray:
+        """The candidates again, with the int8 bounds ``lo2``, ``hi2`` [n, len(ids)] of the
+        int7 screen's candidates ``ids`` (within both bounds: each is rigorous). Every other
+        row stays out: its upper bound is below the threshold it missed, and the thresholds
+        (largest, k-th largest lower bound, with or without noise) only rise."""
+        lo2 = np.maximum(lo2, lo[:, ids])
+        hi2 = np.minimum(hi2, hi[:, ids])
+        sets = []
+        for r, s in enumerate(samplers):
+            if plain[r]:
+                continue
+            lo_r, hi_r = lo[r].copy(), hi[r].copy()
+            lo_r[ids], hi_r[ids] = lo2[r], hi2[r]
+            sets.append(self._candidates(lo_r, hi_r, s))
+        if plain.any():
+            l2, h2 = lo2[plain], hi2[plain]
+            if self.be.dtype != np.float32:  # as _greedy_candidates rounds them
+                l2, h2 = l2.astype(np.float32), h2.astype(np.float32)
+            top = l2.max(axis=1, keepdims=True)
+            sets.append(ids[(h2 >= top).any(axis=0)])
+        return sets[0] if len(sets) == 1 else np.unique(np.concatenate(sets))
 
     def _greedy_candidates(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """The union of :meth:`_candidates` of greedy rows without penalty (``lo``, ``hi``
@@ -400,11 +507,18 @@ class Head:
         ylo, yhi = lo / p.temperature + g, hi / p.temperature + g
         return np.flatnonzero(yhi >= ylo.max())
 
-    def _check(self, h, samplers, lo, hi, tokens, ids, exact) -> None:
+    def _check(self, h, samplers, lo, hi, tokens, ids, exact, refined=None) -> None:
         full = self.be.lm_head(h)
         if not np.array_equal(full[:, ids], exact):  # head_rows: the full kernel's very bits
             raise AssertionError("head_rows differs from lm_head on the candidates")
         full = full.astype(np.float64)
+        if refined is not None:  # the int8 bounds of the int7 screen's candidates
+            rows, lo2, hi2 = refined
+            bad = np.argwhere((full[:, rows] < lo2) | (full[:, rows] > hi2))
+            if bad.size:
+                r, i = bad[0]
+                raise AssertionError(f"int8 bound broken at row {rows[i]}: {lo2[r, i]!r} <= "
+                                     f"{full[r, rows[i]]!r} <= {hi2[r, i]!r} fails")
         for r, s in enumerate(samplers):
             bad = np.flatnonzero((full[r] < lo[r]) | (full[r] > hi[r]))
             if bad.size:

@@ -469,9 +469,10 @@ def _screen_rows(typingctx, cfg, w, v0, width, ngroups, xb, ncol, cout):
 
 
 @njit(inline="always")
-def _tile_bounds(cout, g0, ng, T, off, scale, A, N, par, lo, hi):
+def _tile_bounds(cout, g0, ng, T, mul, off, scale, A, N, par, lo, hi, sums):
     """The bounds of groups g0 .. g0 + ng - 1 from their tile sums (:func:`_screen_rows`) of
-    codes stored as ``c + off``."""
+    stored codes (``mul * d - off * sum(q)``: :func:`.screen._bound`); their sums into
+    ``sums`` [T, V, 2] where it has rows (int7)."""
     for gi in range(ng):
         for t in range(T):
             for k in range(TILE_ROWS):
@@ -479,7 +480,9 @@ def _tile_bounds(cout, g0, ng, T, off, scale, A, N, par, lo, hi):
                 d1 = np.int64(cout[gi, 0, k, 2 * t]) + np.int64(cout[gi, 1, k, 2 * t])
                 d2 = (np.int64(cout[gi, 0, k, 2 * t + 1])
                       + np.int64(cout[gi, 1, k, 2 * t + 1]))
-                _bounds(v, t, d1, d2, off, scale, A, N, par, lo, hi)
+                if sums.shape[1]:
+                    sums[t, v, 0], sums[t, v, 1] = d1, d2
+                _bounds(v, t, d1, d2, mul, off, scale, A, N, par, lo, hi)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -494,26 +497,28 @@ def screen_amx(W, XQ, XB, cfg, scale, A, N, par, lo, hi, bmax):
     gpb = SCREEN_BLOCK // TILE_ROWS
     nblocks = (groups + gpb - 1) // gpb
     xflat = XQ.reshape(-1)
+    nosums = np.empty((T, 0, 2), np.int32)
     for b in prange(nblocks):
         g0 = b * gpb
         ng = min(gpb, groups - g0)
         cout = np.empty((ng, 2, TILE_ROWS, 2 * T), np.int32)
         _screen_rows(cfg, W, g0 * TILE_ROWS, width, ng, XB, 2 * T, cout)
-        _tile_bounds(cout, g0, ng, T, 128, scale, A, N, par, lo, hi)
+        _tile_bounds(cout, g0, ng, T, 1, 128, scale, A, N, par, lo, hi, nosums)
         _block_max(lo, hi, g0 * TILE_ROWS, (g0 + ng) * TILE_ROWS, bmax, b)
     for v in range(groups * TILE_ROWS, V):
         for t in range(T):
             r = _screen_dot(W, v * width, xflat, t * 2 * width, width // 64)
-            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 128, scale, A, N, par, lo, hi)
+            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 1, 128, scale, A, N, par, lo, hi)
     if groups * TILE_ROWS < V:
         v0 = groups * TILE_ROWS
         _block_max(lo, hi, v0, V, bmax, v0 // SCREEN_BLOCK)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def screen_amx7(W, XQ, XB, cfg, scale, A, N, par, lo, hi, bmax):
-    """:func:`screen_amx` for int7 codes (:func:`.screen.screen_vbmi7`): each block's rows are
-    unpacked into a scratch of int8-width rows (in L2) and loaded into A tiles from there."""
+def screen_amx7(W, XQ, XB, cfg, scale, A, N, par, lo, hi, bmax, sums):
+    """:func:`screen_amx` for int7 codes (:func:`.screen.screen_vbmi7`, whose ``sums`` it
+    keeps too): each block's rows are unpacked into a scratch of int8-width rows (in L2) and
+    loaded into A tiles from there."""
     V, nbytes = W.shape
     n = nbytes // 56
     width = 64 * n
@@ -530,12 +535,13 @@ def screen_amx7(W, XQ, XB, cfg, scale, A, N, par, lo, hi, bmax):
         for r in range(ng * TILE_ROWS):
             _unpack7_rows(W, (g0 * TILE_ROWS + r) * nbytes, u[r], n)
         _screen_rows(cfg, u, 0, width, ng, XB, 2 * T, cout)
-        _tile_bounds(cout, g0, ng, T, 64, scale, A, N, par, lo, hi)
+        _tile_bounds(cout, g0, ng, T, 4, 255, scale, A, N, par, lo, hi, sums)
         _block_max(lo, hi, g0 * TILE_ROWS, (g0 + ng) * TILE_ROWS, bmax, b)
     for v in range(groups * TILE_ROWS, V):
         for t in range(T):
             r = _screen_dot7(W, v * nbytes, xflat, t * 2 * width, n)
-            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 64, scale, A, N, par, lo, hi)
+            sums[t, v, 0], sums[t, v, 1] = r[0], r[1]
+            _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 4, 255, scale, A, N, par, lo, hi)
     if groups * TILE_ROWS < V:
         v0 = groups * TILE_ROWS
         _block_max(lo, hi, v0, V, bmax, v0 // SCREEN_BLOCK)

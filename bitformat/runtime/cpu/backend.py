@@ -211,6 +211,8 @@ class CpuBackend(Backend):
         self._screen_bits: int | None = None  # screen_bits
         self._bounds_scratch: dict = {}  # T -> (lo, hi) of head_bounds
         self._bmax = None  # (lo, hi, block maxima) of the last head_bounds
+        self._sums_scratch: dict = {}  # T -> int32 [T, V, 2]: an int7 screen's sums
+        self._sums = None  # (xq, sums) of the last int7 head_bounds
         if et == GGMLType.F32:
             self._E = self._head_raw.view("<f4")
         elif et in (GGMLType.F16, GGMLType.BF16):
@@ -649,13 +651,17 @@ class CpuBackend(Backend):
             codes = EH.code_buffer(V, EH.row_bytes(self.dim, bits))
             scale, dn, qn, en = (np.empty(V) for _ in range(4))
             bad = np.empty(V, np.uint8)
+            nested = V if bits == 7 else 0  # int7: the int8 codes' low bits and norms too
+            plane = np.empty((nested, EH.padded(self.dim) // 8), np.uint8)
+            fdn, fqn = np.empty(nested), np.empty(nested)
             if E.dtype == np.uint16:
                 lut = self._lut if self._lut is not None else H.lut16(self.head_type.name)
-                S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad, bits)
+                S.quantize_bits(E, lut, codes, plane, scale, dn, qn, en, bad, fdn, fqn, bits)
             else:
-                S.quantize_f32(E, codes, scale, dn, qn, en, bad, bits)
-            self._screen = EH.ScreenTables.build(codes, scale, dn, qn, en, bad, self.dim,
-                                                 self.head_depth(), 2.0 ** -24, bits=bits)
+                S.quantize_f32(E, codes, plane, scale, dn, qn, en, bad, fdn, fqn, bits)
+            self._screen = EH.ScreenTables.build(
+                codes, scale, dn, qn, en, bad, self.dim, self.head_depth(), 2.0 ** -24,
+                bits=bits, fine=(plane, fdn, fqn) if nested else None)
         return self._screen
 
     def head_bounds(self, t: EH.ScreenTables, xq: np.ndarray, par: np.ndarray
@@ -667,17 +673,37 @@ class CpuBackend(Backend):
         if lo is None or lo.shape[1] != V:  # fresh pages cost: 16 MB at 8 tokens
             lo, hi = self._bounds_scratch[T] = np.empty((T, V)), np.empty((T, V))
         bmax = S.block_maxima(V, T)
-        int7 = t.bits == 7
-        if self.amx and 2 <= T <= A.SCREEN_TOKENS:  # a batched step: amx.py
-            self._call(A.screen_amx7 if int7 else A.screen_amx, t.codes.nbytes, t.codes, xq,
-                       A.screen_activations(xq), A.screen_config(T), t.scale, t.A, t.N, par,
-                       lo, hi, bmax)
+        args = (t.scale, t.A, t.N, par, lo, hi, bmax)
+        if t.bits == 7:  # and the rows' integer sums, for head_refine
+            sums = self._sums_scratch.get(T)
+            if sums is None or sums.shape[1] != V:
+                sums = self._sums_scratch[T] = np.empty((T, V, 2), np.int32)
+            args += (sums,)
+            self._sums = (xq, sums)
+        amx = self.amx and 2 <= T <= A.SCREEN_TOKENS  # a batched step: amx.py
+        if amx:
+            kernel = A.screen_amx7 if t.bits == 7 else A.screen_amx
+            args = (A.screen_activations(xq), A.screen_config(T)) + args
         else:
-            kernel = (S.screen_vbmi7 if int7 else S.screen_vnni if self.kernel == "vnni"
-                      else S.screen_portable)
-            self._call(kernel, t.codes.nbytes, t.codes, xq, t.scale, t.A, t.N, par, lo, hi,
-                       bmax)
+            kernel = (S.screen_vbmi7 if t.bits == 7 else S.screen_vnni
+                      if self.kernel == "vnni" else S.screen_portable)
+        self._call(kernel, t.codes.nbytes, t.codes, xq, *args)
         self._bmax = (lo, hi, bmax)
+        return lo, hi
+
+    def head_refine(self, t: EH.ScreenTables, ids: np.ndarray, xq: np.ndarray,
+                    par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The int8 bounds ``(lo, hi)`` [T, len(ids)] of rows ``ids`` of int7 tables, from the
+        last :meth:`head_bounds` of the same ``xq`` (its integer sums) and the bit planes
+        (:func:`.screen.refine_vbmi7`)."""
+        last = self._sums
+        if last is None or last[0] is not xq:
+            raise RuntimeError("head_refine needs the int7 screen of the same inputs first")
+        T = xq.shape[0]
+        lo, hi = np.empty((T, ids.size)), np.empty((T, ids.size))
+        self._call(S.refine_vbmi7, t.fine_nbytes(ids.size), t.fine,
+                   np.ascontiguousarray(ids, np.int64), xq, last[1], t.scale, t.fine_A,
+                   t.fine_N, par, lo, hi)
         return lo, hi
 
     def greedy_candidates(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -26,6 +26,7 @@ from numba.extending import intrinsic
 
 from ..exact_head import FINE, REL
 from .kernels import L2, _load64, _prefetch, _vnni_functions
+from .rans import _prefetch_span
 
 #: bytes ahead that the screen prefetches, into L2 only (prefetcht1). The 328 MB int8 screen
 #: of 2B-4T, 2 threads (Intel Xeon with AMX): 10.9 ms with 2048 bytes into L1, 9.9 ms with
@@ -82,39 +83,62 @@ def _pack7(u, out):
 
 
 @njit(inline="always")
-def _store_row(e, v, bits, codes, scale, dnorm, qnorm, enorm, bad):
-    """Row v quantized to ``bits``-bit codes (8 or 7) into ``codes[v]``."""
+def _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn):
+    """Row v quantized into ``codes[v]``: int8 codes, or for ``bits`` 7 the int8 codes c split
+    into ``h = floor(c / 2)`` (stored h + 64, packed) and the bit plane ``b = c - 2 h``
+    (``plane[v]``), with the norms of both: ``(d / 2)(4 h + 1)`` into scale, dnorm, qnorm,
+    the int8 codes' into fdn, fqn (:meth:`..exact_head.ScreenTables.build`)."""
     if bits == 8:
         _quantize_row(e, v, 127, codes[v], scale, dnorm, qnorm, enorm, bad)
-    else:
-        u = np.empty(codes.shape[1] // 7 * 8, np.uint8)
-        _quantize_row(e, v, 63, u, scale, dnorm, qnorm, enorm, bad)
-        _pack7(u, codes[v])
+        return
+    u = np.empty(plane.shape[1] * 8, np.uint8)
+    _quantize_row(e, v, 127, u, scale, fdn, fqn, enorm, bad)
+    half = scale[v] * 0.5
+    s1 = 0.0
+    s2 = 0.0
+    for j in range(plane.shape[1]):
+        plane[v, j] = 0
+    for k in range(u.size):
+        c = np.int32(u[k]) - 128
+        h = c >> 1  # floor(c / 2)
+        u[k] = np.uint8(h + 64)
+        if c - 2 * h:
+            plane[v, k >> 3] |= np.uint8(1 << (k & 7))
+        if k < e.size:
+            val = half * np.float64(4 * h + 1)
+            r = e[k] - val
+            s1 += r * r
+            s2 += val * val
+    _pack7(u, codes[v])
+    scale[v] = half
+    dnorm[v] = math.sqrt(s1)
+    qnorm[v] = math.sqrt(s2)
 
 
 @njit(parallel=True, cache=True)
-def quantize_bits(E, lut, codes, scale, dnorm, qnorm, enorm, bad, bits):
+def quantize_bits(E, lut, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits):
     """Rows of ``E`` (uint16 bits, valued by ``lut``) into ``bits``-bit ``codes`` (int8:
-    uint8 ``c + 128``, padding 128; int7: ``c + 64`` packed, :func:`..exact_head.pack7`),
-    ``scale`` d, ``||e - d c||``, ``||d c||``, ``||e||`` (float64, as evaluated) and
-    ``bad[v]`` = 1 where the row holds a NaN or an infinity (its codes are then 0)."""
+    uint8 ``c + 128``, padding 128; int7: :func:`_store_row`), ``scale`` d, ``||e - d c||``,
+    ``||d c||``, ``||e||`` (float64, as evaluated) and ``bad[v]`` = 1 where the row holds a
+    NaN or an infinity (its codes are then 0). ``plane``, ``fdn``, ``fqn``: int7 only (else
+    empty)."""
     V, h = E.shape
     for v in prange(V):
         e = np.empty(h)
         for k in range(h):
             e[k] = lut[E[v, k]]
-        _store_row(e, v, bits, codes, scale, dnorm, qnorm, enorm, bad)
+        _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn)
 
 
 @njit(parallel=True, cache=True)
-def quantize_f32(E, codes, scale, dnorm, qnorm, enorm, bad, bits):
+def quantize_f32(E, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits):
     """:func:`quantize_bits` for float32 rows."""
     V, h = E.shape
     for v in prange(V):
         e = np.empty(h)
         for k in range(h):
             e[k] = E[v, k]
-        _store_row(e, v, bits, codes, scale, dnorm, qnorm, enorm, bad)
+        _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn)
 
 
 #: vpermb: qword k of a 64-byte load gathers the seven packed bytes 7k..7k+6 of its 8 codes
@@ -200,16 +224,21 @@ def _unpack7_rows(typingctx, w, w_off, out, n):
 
 
 @njit(inline="always")
-def _bounds(v, t, d1, d2, off, scale, A, N, par, lo, hi):
-    """Row v, token t: the approximate logit from its integer sums of the stored codes (``c +
-    off``) and the bound around it. ``par[t]``: (coef, nx, ndx, absolute slack, sum q1, sum
-    q2)."""
-    d1 -= off * np.int64(par[t, 4])
-    d2 -= off * np.int64(par[t, 5])
-    a = scale[v] * np.float64(FINE * d1 + d2) * par[t, 0]
-    b = (A[v] * par[t, 1] + N[v] * par[t, 2] + abs(a) * 2.0 ** -45 + par[t, 3]) * (1.0 + REL)
-    lo[t, v] = a - b
-    hi[t, v] = a + b
+def _bound(t, d1, d2, mul, off, scale, A, N, par):
+    """Token t's (lower, upper) bound on a row's logit from its integer sums d1, d2 of stored
+    codes (``mul * d - off * sum(q)``: its signed codes' sums), its scale and bound terms.
+    ``par[t]``: (coef, nx, ndx, absolute slack, sum q1, sum q2)."""
+    d1 = mul * d1 - off * np.int64(par[t, 4])
+    d2 = mul * d2 - off * np.int64(par[t, 5])
+    a = scale * np.float64(FINE * d1 + d2) * par[t, 0]
+    b = (A * par[t, 1] + N * par[t, 2] + abs(a) * 2.0 ** -45 + par[t, 3]) * (1.0 + REL)
+    return a - b, a + b
+
+
+@njit(inline="always")
+def _bounds(v, t, d1, d2, mul, off, scale, A, N, par, lo, hi):
+    """Row v, token t: :func:`_bound` into ``lo[t, v]``, ``hi[t, v]``."""
+    lo[t, v], hi[t, v] = _bound(t, d1, d2, mul, off, scale[v], A[v], N[v], par)
 
 
 #: rows per share of the screens, and per entry of their block maxima (``bmax``)
@@ -249,14 +278,15 @@ def screen_vnni(W, XQ, scale, A, N, par, lo, hi, bmax):
         for v in range(b * SCREEN_BLOCK, v1):
             for t in range(T):
                 r = _screen_dot(W, v * width, xflat, t * 2 * width, n)
-                _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 128, scale, A, N, par, lo, hi)
+                _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 1, 128, scale, A, N, par, lo, hi)
         _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def screen_vbmi7(W, XQ, scale, A, N, par, lo, hi, bmax):
-    """:func:`screen_vnni` for int7 codes (uint8 [V, 7 / 8 width], ``c + 64`` packed by
-    :func:`..exact_head.pack7`; needs AVX512-VBMI): 1/8 fewer bytes, the same kind of sums."""
+def screen_vbmi7(W, XQ, scale, A, N, par, lo, hi, bmax, sums):
+    """:func:`screen_vnni` for int7 codes (uint8 [V, 7 / 8 width], ``h + 64`` packed by
+    :func:`..exact_head.pack7`; needs AVX512-VBMI): 1/8 fewer bytes. Also keeps each row's
+    integer sums in ``sums`` int32 [T, V, 2] for :func:`refine_vbmi7`."""
     V, nbytes = W.shape
     T = XQ.shape[0]
     n = nbytes // 56
@@ -267,8 +297,75 @@ def screen_vbmi7(W, XQ, scale, A, N, par, lo, hi, bmax):
         for v in range(b * SCREEN_BLOCK, v1):
             for t in range(T):
                 r = _screen_dot7(W, v * nbytes, xflat, t * 2 * width, n)
-                _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 64, scale, A, N, par, lo, hi)
+                sums[t, v, 0], sums[t, v, 1] = r[0], r[1]
+                _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 4, 255, scale, A, N, par, lo,
+                        hi)
         _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
+
+
+@intrinsic
+def _plane_dot(typingctx, p, p_off, x, x_off, n):
+    """(B1, B2): the sums of ``x[x_off + 64 i + j]`` (q1) and of ``x[x_off + width + 64 i +
+    j]`` (q2) over the set bits j of the 8 bytes ``p[p_off + 8 i]``, i < n (``width = 64 n``):
+    the bits select the bytes (a <64 x i1> mask), vpdpbusd against ones sums them. Exact."""
+    sig = types.UniTuple(types.int32, 2)(p, types.intp, x, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        p_arr, p_off, x_arr, x_off, n = args
+        pptr = context.make_array(signature.args[0])(context, builder, p_arr).data
+        xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
+        vp, red = _vnni_functions(builder)
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x16, None)) for _ in range(2)]
+        ones = builder.bitcast(ir.Constant(_I8x64, [1] * 64), _I32x16)
+        width = builder.mul(n, ir.Constant(n.type, 64))
+        with cgutils.for_range(builder, n) as loop:
+            at = builder.gep(pptr, [builder.add(p_off, builder.mul(loop.index, ir.Constant(
+                n.type, 8)))])
+            bits = builder.load(builder.bitcast(at, ir.IntType(64).as_pointer()), align=1)
+            mask = builder.bitcast(bits, ir.VectorType(ir.IntType(1), 64))
+            xo = builder.add(x_off, builder.mul(loop.index, ir.Constant(n.type, 64)))
+            for j, acc in enumerate(accs):
+                xv = _load64(builder, xptr, builder.add(xo, width) if j else xo)
+                sel = builder.bitcast(builder.select(mask, xv, ir.Constant(_I8x64, [0] * 64)),
+                                      _I32x16)
+                builder.store(builder.call(vp, [builder.load(acc), ones, sel]), acc)
+        out = [builder.call(red, [builder.load(a)]) for a in accs]
+        return context.make_tuple(builder, signature.return_type, out)
+
+    return sig, codegen
+
+
+#: :func:`refine_vbmi7` hints the bit planes of its first rows before the threads start, each
+#: share of ``REFINE_BURST`` rows its own (as :data:`.batch.ROWS_AHEAD`)
+REFINE_AHEAD = 1024
+REFINE_BURST = 128
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def refine_vbmi7(P, ids, XQ, sums, scale, A, N, par, lo, hi):
+    """The int8 screen of rows ``ids`` of int7 tables: ``lo[t, i] <= l[t, ids[i]] <= hi[t,
+    i]`` from the int7 screen's ``sums`` (of h + 64) and the bit planes ``P`` (the int8 codes
+    are c = 2 h + b): ``c . q = 2 (S - 64 sum q) + B``, at scale ``2 * scale`` with the int8
+    terms ``A``, ``N`` (``fine_A``, ``fine_N``)."""
+    T = XQ.shape[0]
+    nb = P.shape[1]
+    n = nb // 8
+    width = 64 * n
+    xflat = XQ.reshape(-1)
+    for i in range(min(ids.size, REFINE_AHEAD)):  # rows far apart: overlap their TLB misses
+        _prefetch_span(P[ids[i]], 0, nb)
+    for c in prange((ids.size + REFINE_BURST - 1) // REFINE_BURST):
+        i1 = min(ids.size, (c + 1) * REFINE_BURST)
+        for i in range(max(c * REFINE_BURST, REFINE_AHEAD), i1):
+            _prefetch_span(P[ids[i]], 0, nb)
+        for i in range(c * REFINE_BURST, i1):
+            v = ids[i]
+            for t in range(T):
+                r = _plane_dot(P, v * nb, xflat, t * 2 * width, n)
+                d1 = 2 * np.int64(sums[t, v, 0]) + np.int64(r[0])
+                d2 = 2 * np.int64(sums[t, v, 1]) + np.int64(r[1])
+                lo[t, i], hi[t, i] = _bound(t, d1, d2, 1, 128, 2.0 * scale[v], A[v], N[v],
+                                            par)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -289,7 +386,7 @@ def screen_portable(W, XQ, scale, A, N, par, lo, hi, bmax):
                     c = np.int32(wr[k])
                     d1 += c * np.int32(x1[k])
                     d2 += c * np.int32(x2[k])
-                _bounds(v, t, np.int64(d1), np.int64(d2), 128, scale, A, N, par, lo, hi)
+                _bounds(v, t, np.int64(d1), np.int64(d2), 1, 128, scale, A, N, par, lo, hi)
         _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
 
 

@@ -70,14 +70,15 @@ class GpuScreenedHead:
         codes = np.empty((V, width), np.uint8)
         scale, dn, qn, en = (np.empty(V) for _ in range(4))
         bad = np.empty(V, np.uint8)
+        none = (np.empty((0, 0), np.uint8), np.empty(0), np.empty(0))  # int7 parts: unused
         lut = None
         if gtype == GGMLType.F32:
             E = np.ascontiguousarray(rows).view("<f4").reshape(V, dim)
-            S.quantize_f32(E, codes, scale, dn, qn, en, bad, 8)
+            S.quantize_f32(E, codes, none[0], scale, dn, qn, en, bad, *none[1:], 8)
         else:
             E = np.ascontiguousarray(rows).view("<u2").reshape(V, dim)
             lut = H.lut16(gtype.name)
-            S.quantize_bits(E, lut, codes, scale, dn, qn, en, bad, 8)
+            S.quantize_bits(E, lut, codes, none[0], scale, dn, qn, en, bad, *none[1:], 8)
         self.tables = EH.ScreenTables.build(
             codes, scale, dn, qn, en, bad, dim, self.depth(dim), UNIT,
             flushed=flushed_norms(E, gtype, lut), flush_x=True)
