@@ -186,6 +186,28 @@ def test_hidden_split_bounds_its_error():
         assert np.abs(xq).max() <= 127 and not xq[:, 300:].any()
 
 
+def test_compiled_split_equals_numpy():
+    """The cpu backend's compiled split (screen.split_hidden): the same int8 vectors, scale
+    and sums, its two norms within their slack of numpy's (another summation order)."""
+    from bitformat.runtime.cpu import screen as S
+
+    rng = np.random.default_rng(4)
+    for dim, width in ((2560, 2560), (300, 320), (64, 64)):
+        for scale in (1e-30, 1e-3, 1.0, 1e4):
+            x = (rng.standard_normal(dim) * scale).astype(np.float32)
+            x[3] *= 1000  # an outlier
+            xq, par = EH.split_hidden(x, width)
+            got, gpar = np.full((2, width), 99, np.int8), np.empty(6)
+            S.split_hidden(x, got, gpar)
+            assert np.array_equal(got, xq)
+            assert np.array_equal(gpar[[0, 3, 4, 5]], par[[0, 3, 4, 5]])
+            np.testing.assert_allclose(gpar[1:3], par[1:3], rtol=4 * EH.norm_slack(dim))
+            xh = (xq[0, :dim].astype(np.float64) + xq[1, :dim] / EH.FINE) / (
+                1 / (par[0] * EH.FINE))
+            x64 = x.astype(np.float64)
+            assert np.linalg.norm(x64 - xh) <= gpar[2] and np.linalg.norm(x64) <= gpar[1]
+
+
 # -- the bound over thousands of steps ------------------------------------------------------------
 @pytest.mark.parametrize("kernel,bits", screens())
 @pytest.mark.parametrize("gtype,dim", [("F16", 256), ("BF16", 200), ("F32", 72)])

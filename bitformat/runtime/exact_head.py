@@ -236,14 +236,18 @@ class ScreenTables:
         tiny = 2.0 ** -125 if self.unit >= 2.0 ** -24 else 2.0 ** -1021
         return self.depth * tiny + self.slack
 
-    def prepare(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def prepare(self, h: np.ndarray, split=None) -> tuple[np.ndarray, np.ndarray] | None:
         """The screen's inputs for hidden states ``h`` [n, dim]: ``(XQ [n, 2, width], par [n,
-        6])``, or None where the bound does not hold (NaN/inf, possible overflow)."""
+        6])``, or None where the bound does not hold (NaN/inf, possible overflow). ``split``:
+        a compiled :func:`split_hidden` writing ``(x, xq[t], par[t])`` (the cpu backend's)."""
         width = self.width
         xq = np.empty((h.shape[0], 2, width), np.int8)
         par = np.empty((h.shape[0], 6))
         for t in range(h.shape[0]):
-            xq[t], par[t] = split_hidden(h[t], width)
+            if split is None:
+                xq[t], par[t] = split_hidden(h[t], width)
+            else:
+                split(h[t], xq[t], par[t])
             if not np.isfinite(par[t, 1]) or self.max_enorm * par[t, 1] * 2 > OVERFLOW:
                 return None
         par[:, 3] = self.absolute_slack()
@@ -404,7 +408,7 @@ class Head:
                 return self._full(h, samplers, "top-p or min-p without top-k")
         if not np.isfinite(h).all():
             return self._full(h, samplers, "hidden state not finite")
-        prep = self.tables.prepare(h)
+        prep = self.tables.prepare(h, getattr(self.be, "split_hidden", None))
         if prep is None:
             return self._full(h, samplers, "logits could overflow")
         lo, hi = self.be.head_bounds(self.tables, *prep)

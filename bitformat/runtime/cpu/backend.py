@@ -691,6 +691,11 @@ class CpuBackend(Backend):
         self._bmax = (lo, hi, bmax)
         return lo, hi
 
+    @property
+    def split_hidden(self):
+        """The screen's input split, compiled (:func:`.screen.split_hidden`)."""
+        return S.split_hidden
+
     def head_refine(self, t: EH.ScreenTables, ids: np.ndarray, xq: np.ndarray,
                     par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The int8 bounds ``(lo, hi)`` [T, len(ids)] of rows ``ids`` of int7 tables, from the

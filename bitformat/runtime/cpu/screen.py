@@ -141,6 +141,44 @@ def quantize_f32(E, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bit
         _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn)
 
 
+@njit(cache=True, nogil=True)
+def split_hidden(x, xq, par):
+    """:func:`..exact_head.split_hidden` compiled: x (float32 or float64 [dim]) into ``xq``
+    int8 [2, width] and ``par`` float64 [6], the same arithmetic per value (its two norms
+    summed in another order, which their slack covers)."""
+    n = x.size
+    m = 0.0
+    for k in range(n):
+        m = max(m, abs(np.float64(x[k])))
+    s = 127.0 / m if m > 0 else 1.0
+    s1 = 0
+    s2 = 0
+    ndx = 0.0
+    nx = 0.0
+    for k in range(n):
+        v = np.float64(x[k])
+        y = v * s
+        q1 = min(127.0, max(-127.0, np.rint(y)))
+        q2 = min(127.0, max(-127.0, np.rint((y - q1) * FINE)))
+        xq[0, k] = np.int8(q1)
+        xq[1, k] = np.int8(q2)
+        s1 += np.int64(q1)
+        s2 += np.int64(q2)
+        dx = v - (q1 + q2 / FINE) / s
+        ndx += dx * dx
+        nx += v * v
+    for k in range(n, xq.shape[1]):
+        xq[0, k] = 0
+        xq[1, k] = 0
+    rel = (n + 8) * 2.0 ** -52 + REL  # exact_head.norm_slack(n)
+    par[0] = 1.0 / (FINE * s)
+    par[1] = math.sqrt(nx) * (1 + rel)
+    par[2] = math.sqrt(ndx) * (1 + rel) + math.sqrt(n) * m * 2.0 ** -48
+    par[3] = 0.0
+    par[4] = s1
+    par[5] = s2
+
+
 #: vpermb: qword k of a 64-byte load gathers the seven packed bytes 7k..7k+6 of its 8 codes
 _GATHER7 = [7 * (j // 8) + min(j % 8, 6) for j in range(64)]
 #: vpmultishiftqb: byte m of each qword takes the 8 bits from bit 7m (code m and one more)
