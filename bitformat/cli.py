@@ -435,6 +435,7 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
             "head": hs["head"],
             "candidates_per_step_mean": hs["candidates_per_step_mean"],
             "candidates_per_step_max": hs["candidates_per_step_max"],
+            "rescored_per_step_mean": hs["rescored_per_step_mean"],
             "head_fallbacks": hs["head_fallbacks"],
             "head_bytes_per_token": hs["head_bytes_per_step"],
             "bytes_read_per_token": hs["bytes_read_per_token"],

@@ -276,6 +276,28 @@ def test_ties_go_to_the_lowest_id():
     assert head.stats.candidates == [3]
 
 
+@pytest.mark.parametrize("kernel,bits", screens())
+def test_greedy_rescores_only_rows_that_can_win(kernel, bits):
+    """Greedy reads the candidate with the largest upper bound first and then only the
+    candidates whose upper bound reaches its exact logit: fewer f16 rows, the same tokens
+    (check mode compares every step with the full head), ties still to the lowest id."""
+    rng = np.random.default_rng(9)
+    E = rng.standard_normal((4096, 256)) * 0.05
+    E[1000] = E[3000] = E[2000]  # exact ties
+    be = cpu_head_backend(E, "F16", kernel, bits)
+    head = Head(be, "screened", check=True)
+    hs = (rng.standard_normal((300, 256)) * 3).astype(np.float32)
+    hs[:20] = E[2000] * 40  # steps the tied rows win
+    s = Sampler()
+    got = [head.select(x[None], [s])[0] for x in hs]
+    assert got[:20] == [1000] * 20
+    st = head.stats
+    assert all(r <= c for r, c in zip(st.rescored, st.candidates, strict=True))
+    assert sum(st.rescored) < 0.8 * sum(st.candidates)
+    full = Head(be, "full")
+    assert got == [full.select(x[None], [s])[0] for x in hs]
+
+
 def test_batched_rows_pick_like_single_rows():
     rng = np.random.default_rng(5)
     be = cpu_head_backend(rng.standard_normal((3000, 128)) * 0.05)
