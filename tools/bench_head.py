@@ -191,7 +191,8 @@ def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_by
         f"at least 1.3x the full head's: **{speedup:.2f}x** ({met(speedup >= 1.3)}); decode "
         f"with the full head at least 75 % of the bandwidth floor: **{res['full']['floor']:.0%}**"
         f" ({met(res['full']['floor'] >= 0.75)}).", "",
-        f"Candidates rescored per step, greedy: {dist(greedy_c)}; temperature 0.8 + top-k 40: "
+        f"Candidates per step (rows the bounds leave), greedy: {dist(greedy_c)}; temperature "
+        f"0.8 + top-k 40: "
         f"{dist(sampled_c)}. Plot: `docs/{PLOT.name}`. Of the greedy candidates the f16 "
         f"kernel read only those that could still win after the one with the largest upper "
         f"bound: {dist(a.rescored)}.", "",
