@@ -57,14 +57,27 @@ fn x_at(i: u32) -> f32 {
     return A[i];
 }
 
+// x_at(i), or 0 past N (the load clamped into range, so it need not wait for the test)
+fn x_or0(i: u32) -> f32 {
+    return select(0.0, x_at(min(i, N - 1u)), i < N);
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) t: u32) {
     atomicStore(&blk[t], 0i);  // (a driver need not zero workgroup memory: the barriers order these)
     atomicStore(&blk[t + WG], 0i);
+    // four loads in flight per invocation (a GPU thread stalls at a load's first use), the
+    // squares added in the same order as one element at a time (adding 0 * 0 changes no bit)
     var ss = 0.0;
-    for (var i = t; i < N; i += WG) {
-        let x = x_at(i);
-        ss += x * x;
+    for (var i = t; i < N; i += 4u * WG) {
+        let x0 = x_at(i);
+        let x1 = x_or0(i + WG);
+        let x2 = x_or0(i + 2u * WG);
+        let x3 = x_or0(i + 3u * WG);
+        ss += x0 * x0;
+        ss += x1 * x1;
+        ss += x2 * x2;
+        ss += x3 * x3;
     }
     red_ss[t] = ss;
     workgroupBarrier();
@@ -75,11 +88,20 @@ fn main(@builtin(local_invocation_index) t: u32) {
     let r = sqrt(tot / f32(N) + EPS);
 
     var m = 0.0;
-    for (var i = t; i < N; i += WG) {
-        let y = x_at(i) / r * G[i];
-        m = max(m, abs(y));
+    for (var i = t; i < N; i += 4u * WG) {
+        let j1 = i + WG;
+        let j2 = i + 2u * WG;
+        let j3 = i + 3u * WG;
+        let y0 = x_at(i) / r * G[i];
+        let y1 = x_or0(j1) / r * G[min(j1, N - 1u)];
+        let y2 = x_or0(j2) / r * G[min(j2, N - 1u)];
+        let y3 = x_or0(j3) / r * G[min(j3, N - 1u)];
+        m = max(m, max(max(abs(y0), abs(y1)), max(abs(y2), abs(y3))));
         if (QUANT == 0u || TRACE == 1u) {
-            F[i] = y;
+            F[i] = y0;
+            if (j1 < N) { F[j1] = y1; }
+            if (j2 < N) { F[j2] = y2; }
+            if (j3 < N) { F[j3] = y3; }
         }
     }
     if (QUANT == 0u) {
