@@ -238,14 +238,15 @@ def model_name(model, path: str) -> str:
     return str(getattr(v, "value", v) or Path(path).name)
 
 
-def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_prompt,
-           name) -> str:
-    from bench_head import dist
+def synth_note(name: str) -> str:
+    """What the model is, for the section's first paragraph."""
+    return (f"`{name}`: `bitformat synth --preset 2b4t`, i2_s; its f16 head is a random "
+            "Gaussian 128,256 x 2,560 matrix, flat logits, the hardest case for screening"
+            if "synth" in name else f"`{name}`, i2_s")
 
-    model_note = (f"`{name}`: `bitformat synth --preset 2b4t`, i2_s; its f16 head is a random "
-                  "Gaussian 128,256 x 2,560 matrix, flat logits, the hardest case for "
-                  "screening" if "synth" in name else f"`{name}`, i2_s")
 
+def head_table(runs: dict, heads: dict, digits: int) -> list[str]:
+    """The markdown table of decode tok/s and bytes per token of both heads."""
     full_b = heads["full"].full_bytes
     rows = ["| head | decode tok/s (median; rounds) | head MB/token | of f16 head | "
             "MB/token (whole step) |", "|---|---|---|---|---|"]
@@ -253,11 +254,20 @@ def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_pr
         rs = runs[mode]
         st = rs[-1]["stats"]
         tps = [r["tps"] for r in rs]
-        rows.append(f"| {mode} | {statistics.median(tps):.3f} "
-                    f"({', '.join(f'{v:.3f}' for v in tps)}) | "
+        rows.append(f"| {mode} | {statistics.median(tps):.{digits}f} "
+                    f"({', '.join(f'{v:.{digits}f}' for v in tps)}) | "
                     f"{st['head_bytes_per_step'] / 1e6:.1f} | "
                     f"{st['head_bytes_per_step'] / full_b:.1%} | "
                     f"{st['bytes_read_per_token'] / 1e6:.1f} |")
+    return rows
+
+
+def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_prompt,
+           name) -> str:
+    from bench_head import dist
+
+    model_note = synth_note(name)
+    rows = head_table(runs, heads, 3)
     cmd = (f"flock /tmp/bitformat-cpu.lock python tools/bench_wgpu_head.py --model {a.model} "
            f"--tokens {a.tokens} --rounds {a.rounds} --head-repeat {a.head_repeat} --write")
     speed = (statistics.median(r["tps"] for r in runs["screened"])
@@ -304,24 +314,11 @@ def render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, tabl
     from bench_head import dist
 
     info = dev.info
-    model_note = (f"`{name}`: `bitformat synth --preset 2b4t`, i2_s; its f16 head is a random "
-                  "Gaussian 128,256 x 2,560 matrix, flat logits, the hardest case for "
-                  "screening" if "synth" in name else f"`{name}`, i2_s")
+    model_note = synth_note(name)
     native = getattr(getattr(wgpu, "backends", None), "wgpu_native", None)
     versions = f"wgpu-py {wgpu.__version__}" + (
         f" with wgpu-native {native.__version__}" if getattr(native, "__version__", None) else "")
-    full_b = heads["full"].full_bytes
-    rows = ["| head | decode tok/s (median; rounds) | head MB/token | of f16 head | "
-            "MB/token (whole step) |", "|---|---|---|---|---|"]
-    for mode in ("full", "screened"):
-        rs = runs[mode]
-        st = rs[-1]["stats"]
-        tps = [r["tps"] for r in rs]
-        rows.append(f"| {mode} | {statistics.median(tps):.1f} "
-                    f"({', '.join(f'{v:.1f}' for v in tps)}) | "
-                    f"{st['head_bytes_per_step'] / 1e6:.1f} | "
-                    f"{st['head_bytes_per_step'] / full_b:.1%} | "
-                    f"{st['bytes_read_per_token'] / 1e6:.1f} |")
+    rows = head_table(runs, heads, 1)
     cmd = " ".join(["python", "tools/bench_wgpu_head.py", *sys.argv[1:]])
     speed = (statistics.median(r["tps"] for r in runs["screened"])
              / statistics.median(r["tps"] for r in runs["full"]))
