@@ -262,9 +262,22 @@ def head_table(runs: dict, heads: dict, digits: int) -> list[str]:
     return rows
 
 
+def decode_lines(runs, speed, greedy_c, sampled_c, tables) -> list[str]:
+    """The paragraphs after the table: the decode ratio, the ids, the candidates."""
+    from bench_head import dist
+
+    return [
+        f"Whole decode, screened / full: {speed:.2f}x. Token ids identical in every round "
+        f"({len(runs['full'][0]['tokens'])} greedy tokens) and for seeded "
+        "sampling (temperature 0.8, top-k 40, seed 1).", "",
+        f"Candidates rescored per step, greedy: {dist(greedy_c)}; temperature 0.8 + top-k 40: "
+        f"{dist(sampled_c)}. The screen's table (int8 codes, scales, bound terms) is "
+        f"{tables.nbytes / 1e6:.1f} MB; the head bytes above do not count the "
+        f"{8 * tables.scale.size / 1e6:.1f} MB of integer sums read back per step."]
+
+
 def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_prompt,
            name) -> str:
-    from bench_head import dist
 
     model_note = synth_note(name)
     rows = head_table(runs, heads, 3)
@@ -288,13 +301,7 @@ def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_pr
         f"bounds and candidates on the host {med['bounds']:.1f} ms, the rescoring of the "
         f"candidates on the device {med['rows']:.1f} ms.", "",
         *rows, "",
-        f"Whole decode, screened / full: {speed:.2f}x. Token ids identical in every round "
-        f"({len(runs['full'][0]['tokens'])} greedy tokens) and for seeded "
-        "sampling (temperature 0.8, top-k 40, seed 1).", "",
-        f"Candidates rescored per step, greedy: {dist(greedy_c)}; temperature 0.8 + top-k 40: "
-        f"{dist(sampled_c)}. The screen's table (int8 codes, scales, bound terms) is "
-        f"{tables.nbytes / 1e6:.1f} MB; the head bytes above do not count the "
-        f"{8 * tables.scale.size / 1e6:.1f} MB of integer sums read back per step.", "",
+        *decode_lines(runs, speed, greedy_c, sampled_c, tables), "",
         NOTE,
     ])
 
@@ -311,7 +318,6 @@ def render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, tabl
                name, kernels) -> str:
     """The section for an adapter other than llvmpipe: its driver, the host, kernel times."""
     import wgpu
-    from bench_head import dist
 
     info = dev.info
     model_note = synth_note(name)
@@ -343,13 +349,7 @@ def render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, tabl
         f"{med['screen']:.2f} ms, the float64 bounds and candidates on the host "
         f"{med['bounds']:.2f} ms, the rescoring of the candidates {med['rows']:.2f} ms.", "",
         *rows, "",
-        f"Whole decode, screened / full: {speed:.2f}x. Token ids identical in every round "
-        f"({len(runs['full'][0]['tokens'])} greedy tokens) and for seeded "
-        "sampling (temperature 0.8, top-k 40, seed 1).", "",
-        f"Candidates rescored per step, greedy: {dist(greedy_c)}; temperature 0.8 + top-k 40: "
-        f"{dist(sampled_c)}. The screen's table (int8 codes, scales, bound terms) is "
-        f"{tables.nbytes / 1e6:.1f} MB; the head bytes above do not count the "
-        f"{8 * tables.scale.size / 1e6:.1f} MB of integer sums read back per step.",
+        *decode_lines(runs, speed, greedy_c, sampled_c, tables),
     ]
     if kernels:
         st = kernels["step"]
