@@ -38,7 +38,7 @@ from .kernels import (
     _prefetch,
     _vnni_functions,
 )
-from .rans import _prefetch_span
+from .rans import _prefetch_rows
 
 #: tokens per pass of the kernels (a step of more tokens takes several passes per row)
 GROUPS = (8, 4, 2, 1)
@@ -306,12 +306,10 @@ def lm_head_rows(E, ids, X, bf16, out):
     T = X.shape[0]
     n = h // 16
     tail = n * 16
-    for i in range(min(ids.size, ROWS_AHEAD)):
-        _prefetch_span(E[ids[i]], 0, h)
+    _prefetch_rows(E, ids, 0, min(ids.size, ROWS_AHEAD))
     for c in prange((ids.size + ROWS_BURST - 1) // ROWS_BURST):
         i1 = min(ids.size, (c + 1) * ROWS_BURST)
-        for i in range(max(c * ROWS_BURST, ROWS_AHEAD), i1):
-            _prefetch_span(E[ids[i]], 0, h)
+        _prefetch_rows(E, ids, max(c * ROWS_BURST, ROWS_AHEAD), i1)
         for i in range(c * ROWS_BURST, i1):
             v = ids[i]
             for t in range(T):

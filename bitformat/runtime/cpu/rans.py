@@ -215,6 +215,14 @@ def _prefetch_span(typingctx, a, start, stop):
 
 
 @njit(inline="always")
+def _prefetch_rows(a, ids, i0, i1):
+    """Hint rows ``a[ids[i]]`` for i0 <= i < i1 into L2 (:func:`_prefetch_span`): rows far
+    apart each start with a TLB miss, and issuing them together overlaps those."""
+    for i in range(i0, i1):
+        _prefetch_span(a[ids[i]], 0, a.shape[1])
+
+
+@njit(inline="always")
 def _start(words, word_off, i):
     """(state, pos, lo) of stream i; a corrupt start (last word 0) decodes as state 0."""
     lo = word_off[i]

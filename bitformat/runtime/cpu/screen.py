@@ -26,7 +26,7 @@ from numba.extending import intrinsic
 
 from ..exact_head import FINE, REL
 from .kernels import L2, _load64, _prefetch, _vnni_functions
-from .rans import _prefetch_span
+from .rans import _prefetch_rows
 
 #: bytes ahead that the screen prefetches, into L2 only (prefetcht1). The 328 MB int8 screen
 #: of 2B-4T, 2 threads (Intel Xeon with AMX): 10.9 ms with 2048 bytes into L1, 9.9 ms with
@@ -201,7 +201,9 @@ def _make_screen_dot(bits: int):
     """Intrinsic ``dot(w, w_off, x, x_off, n) -> (D1, D2)``: the stored codes of one row (from
     byte ``w_off``: n chunks of 64 codes, 64 bytes each for int8, 56 packed for int7) times
     the int8 ``x[x_off + 64 i]`` (q1) and ``x[x_off + width + 64 i]`` (q2), ``width = 64 n``.
-    Exact int32. One code load (int7: and its unpacking), two vpdpbusd per chunk."""
+    Exact int32. One code load (int7: and its unpacking), two vpdpbusd per chunk. ``bits`` 1:
+    a bit plane (8 bytes a chunk) whose set bits select x's bytes (a <64 x i1> mask), summed
+    by vpdpbusd against ones; no prefetch (its rows are hinted before: :func:`refine_vbmi7`)."""
     step = 64 * bits // 8
 
     @intrinsic
@@ -215,20 +217,30 @@ def _make_screen_dot(bits: int):
             vp, red = _vnni_functions(builder)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x16, None))
                     for _ in range(2)]
+            ones = builder.bitcast(ir.Constant(_I8x64, [1] * 64), _I32x16)
+            zero = ir.Constant(_I8x64, [0] * 64)
             width = builder.mul(n, ir.Constant(n.type, 64))
             with cgutils.for_range(builder, n) as loop:
                 off = builder.mul(loop.index, ir.Constant(n.type, 64))
                 woff = builder.add(w_off, builder.mul(loop.index, ir.Constant(n.type, step)))
-                _prefetch(builder, wptr, builder.add(woff, ir.Constant(n.type,
-                                                                       SCREEN_PREFETCH)), L2)
-                codes = (_load64(builder, wptr, woff) if bits == 8
-                         else _unpack7(builder, wptr, woff))
-                wv = builder.bitcast(codes, _I32x16)
+                if bits == 1:
+                    word = builder.load(builder.bitcast(builder.gep(wptr, [woff]), ir.IntType(
+                        64).as_pointer()), align=1)
+                    mask = builder.bitcast(word, ir.VectorType(ir.IntType(1), 64))
+                else:
+                    _prefetch(builder, wptr, builder.add(woff, ir.Constant(
+                        n.type, SCREEN_PREFETCH)), L2)
+                    codes = (_load64(builder, wptr, woff) if bits == 8
+                             else _unpack7(builder, wptr, woff))
+                    wv = builder.bitcast(codes, _I32x16)
                 xo = builder.add(x_off, off)
                 for j, acc in enumerate(accs):
-                    at = builder.add(xo, width) if j else xo
-                    xv = builder.bitcast(_load64(builder, xptr, at), _I32x16)
-                    builder.store(builder.call(vp, [builder.load(acc), wv, xv]), acc)
+                    xb = _load64(builder, xptr, builder.add(xo, width) if j else xo)
+                    if bits == 1:
+                        pair = [ones, builder.bitcast(builder.select(mask, xb, zero), _I32x16)]
+                    else:
+                        pair = [wv, builder.bitcast(xb, _I32x16)]
+                    builder.store(builder.call(vp, [builder.load(acc), *pair]), acc)
             out = [builder.call(red, [builder.load(a)]) for a in accs]
             return context.make_tuple(builder, signature.return_type, out)
 
@@ -239,6 +251,7 @@ def _make_screen_dot(bits: int):
 
 _screen_dot = _make_screen_dot(8)
 _screen_dot7 = _make_screen_dot(7)
+_plane_dot = _make_screen_dot(1)  # (B1, B2): x's bytes at the set bits of a bit plane
 
 
 @intrinsic
@@ -341,38 +354,6 @@ def screen_vbmi7(W, XQ, scale, A, N, par, lo, hi, bmax, sums):
         _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
 
 
-@intrinsic
-def _plane_dot(typingctx, p, p_off, x, x_off, n):
-    """(B1, B2): the sums of ``x[x_off + 64 i + j]`` (q1) and of ``x[x_off + width + 64 i +
-    j]`` (q2) over the set bits j of the 8 bytes ``p[p_off + 8 i]``, i < n (``width = 64 n``):
-    the bits select the bytes (a <64 x i1> mask), vpdpbusd against ones sums them. Exact."""
-    sig = types.UniTuple(types.int32, 2)(p, types.intp, x, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        p_arr, p_off, x_arr, x_off, n = args
-        pptr = context.make_array(signature.args[0])(context, builder, p_arr).data
-        xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
-        vp, red = _vnni_functions(builder)
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x16, None)) for _ in range(2)]
-        ones = builder.bitcast(ir.Constant(_I8x64, [1] * 64), _I32x16)
-        width = builder.mul(n, ir.Constant(n.type, 64))
-        with cgutils.for_range(builder, n) as loop:
-            at = builder.gep(pptr, [builder.add(p_off, builder.mul(loop.index, ir.Constant(
-                n.type, 8)))])
-            bits = builder.load(builder.bitcast(at, ir.IntType(64).as_pointer()), align=1)
-            mask = builder.bitcast(bits, ir.VectorType(ir.IntType(1), 64))
-            xo = builder.add(x_off, builder.mul(loop.index, ir.Constant(n.type, 64)))
-            for j, acc in enumerate(accs):
-                xv = _load64(builder, xptr, builder.add(xo, width) if j else xo)
-                sel = builder.bitcast(builder.select(mask, xv, ir.Constant(_I8x64, [0] * 64)),
-                                      _I32x16)
-                builder.store(builder.call(vp, [builder.load(acc), ones, sel]), acc)
-        out = [builder.call(red, [builder.load(a)]) for a in accs]
-        return context.make_tuple(builder, signature.return_type, out)
-
-    return sig, codegen
-
-
 #: :func:`refine_vbmi7` hints the bit planes of its first rows before the threads start, each
 #: share of ``REFINE_BURST`` rows its own (as :data:`.batch.ROWS_AHEAD`)
 REFINE_AHEAD = 1024
@@ -390,12 +371,10 @@ def refine_vbmi7(P, ids, XQ, sums, scale, A, N, par, lo, hi):
     n = nb // 8
     width = 64 * n
     xflat = XQ.reshape(-1)
-    for i in range(min(ids.size, REFINE_AHEAD)):  # rows far apart: overlap their TLB misses
-        _prefetch_span(P[ids[i]], 0, nb)
+    _prefetch_rows(P, ids, 0, min(ids.size, REFINE_AHEAD))  # far apart: overlap TLB misses
     for c in prange((ids.size + REFINE_BURST - 1) // REFINE_BURST):
         i1 = min(ids.size, (c + 1) * REFINE_BURST)
-        for i in range(max(c * REFINE_BURST, REFINE_AHEAD), i1):
-            _prefetch_span(P[ids[i]], 0, nb)
+        _prefetch_rows(P, ids, max(c * REFINE_BURST, REFINE_AHEAD), i1)
         for i in range(c * REFINE_BURST, i1):
             v = ids[i]
             for t in range(T):
