@@ -113,7 +113,7 @@ def main() -> None:
                      "token_bytes": st["bytes_read_per_token"]}
     greedy_c = np.concatenate([r["candidates"] for r in runs["screened"]])
     sampled_c = np.asarray(sampled["screened"]["candidates"])
-    a.rescored = np.concatenate([r["rescored"] for r in runs["screened"]])
+    rescored = np.concatenate([r["rescored"] for r in runs["screened"]])
     int8 = None
     if "screened-int8" in runs:
         int8 = {"greedy": np.concatenate([r["candidates"] for r in runs["screened-int8"]]),
@@ -126,7 +126,7 @@ def main() -> None:
         r["floor"] = (r["token_bytes"] / (bwm * 1e9)) * r["tps"]
     speedup = res["screened"]["tps"] / res["full"]["tps"]
     text = render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup,
-                  heads["screened"].tables.nbytes, len(ids["full"][0]), int8)
+                  heads["screened"].tables.nbytes, len(ids["full"][0]), rescored, int8)
     print(text)
     if a.write:
         from benchdoc import DOC, replace_section
@@ -143,7 +143,7 @@ def dist(c: np.ndarray) -> str:
 
 
 def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_bytes,
-           n_tokens, int8=None) -> str:
+           n_tokens, rescored, int8=None) -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -195,7 +195,7 @@ def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_by
         f"0.8 + top-k 40: "
         f"{dist(sampled_c)}. Plot: `docs/{PLOT.name}`. Of the greedy candidates the f16 "
         f"kernel read only those that could still win after the one with the largest upper "
-        f"bound: {dist(a.rescored)}.", "",
+        f"bound: {dist(rescored)}.", "",
         *(int8_text(a, res, int8) if int8 is not None else []),
         "The bound is rigorous (docs/exact-head.md): the rounding of each row to its codes and "
         "the two-level int8 rounding of the hidden state, each through Cauchy-Schwarz, plus "

@@ -87,11 +87,6 @@ def padded(dim: int) -> int:
 SCREEN_BITS = (8, 7)
 
 
-def code_offset(bits: int) -> int:
-    """What a code is stored plus: 128 for int8 codes (u8 for vpdpbusd), 64 for int7 (7 bits)."""
-    return 1 << (bits - 1)
-
-
 def row_bytes(dim: int, bits: int) -> int:
     """Bytes per row of the screen's codes: ``padded(dim)`` codes of ``bits`` bits."""
     return padded(dim) * bits // 8
@@ -201,13 +196,6 @@ class ScreenTables:
     def width(self) -> int:
         """Codes per row (``padded(dim)``): the length of the screen's input vectors."""
         return self.codes.shape[1] * 8 // self.bits
-
-    @property
-    def sums(self) -> tuple[int, int]:
-        """(mul, off): a row's signed codes dotted with q are ``mul * S - off * sum(q)`` for the
-        sum S of its stored codes: (1, 128) for int8 (c + 128), (4, 255) for int7 (k = 4 (u -
-        64) + 1 for u = h + 64)."""
-        return (1, 128) if self.bits == 8 else (4, 255)
 
     def signed_codes(self) -> np.ndarray:
         """int16 [V, width]: the codes the screen's bound is about (int8: c; int7: k)."""
@@ -324,13 +312,14 @@ def refine_numpy(t: ScreenTables, ids: np.ndarray, xq: np.ndarray, par: np.ndarr
 
 @dataclass
 class HeadStats:
-    """What the head did over a generation: per step, how many rows it rescored."""
+    """What the head did over a generation: per step, how many rows its bounds left and how
+    many of those the full kernel rescored."""
 
     mode: str
     steps: int = 0
     rows: int = 0
     screened_rows: int = 0
-    candidates: list[int] = field(default_factory=list)  # rows rescored, per screened step
+    candidates: list[int] = field(default_factory=list)  # rows the bounds leave, per step
     screen_candidates: list[int] = field(default_factory=list)  # int7: before the int8 screen
     rescored: list[int] = field(default_factory=list)  # rows the f16 kernel computed, per step
     fallbacks: Counter = field(default_factory=Counter)  # reason -> rows

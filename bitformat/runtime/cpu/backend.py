@@ -646,22 +646,13 @@ class CpuBackend(Backend):
         if self._E is None:
             return None
         if self._screen is None:
-            E = self._E
-            V, bits = E.shape[0], self.screen_bits
-            codes = EH.code_buffer(V, EH.row_bytes(self.dim, bits))
-            scale, dn, qn, en = (np.empty(V) for _ in range(4))
-            bad = np.empty(V, np.uint8)
-            nested = V if bits == 7 else 0  # int7: the int8 codes' low bits and norms too
-            plane = np.empty((nested, EH.padded(self.dim) // 8), np.uint8)
-            fdn, fqn = np.empty(nested), np.empty(nested)
+            E, bits = self._E, self.screen_bits
+            lut = None
             if E.dtype == np.uint16:
                 lut = self._lut if self._lut is not None else H.lut16(self.head_type.name)
-                S.quantize_bits(E, lut, codes, plane, scale, dn, qn, en, bad, fdn, fqn, bits)
-            else:
-                S.quantize_f32(E, codes, plane, scale, dn, qn, en, bad, fdn, fqn, bits)
-            self._screen = EH.ScreenTables.build(
-                codes, scale, dn, qn, en, bad, self.dim, self.head_depth(), 2.0 ** -24,
-                bits=bits, fine=(plane, fdn, fqn) if nested else None)
+            *parts, fine = S.quantize_rows(E, lut, self.dim, bits)
+            self._screen = EH.ScreenTables.build(*parts, self.dim, self.head_depth(),
+                                                 2.0 ** -24, bits=bits, fine=fine)
         return self._screen
 
     def head_bounds(self, t: EH.ScreenTables, xq: np.ndarray, par: np.ndarray
@@ -721,8 +712,9 @@ class CpuBackend(Backend):
         return S.greedy_candidates(lo, hi, last[2])
 
     def head_rows(self, h: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """The head kernel's logits of rows ``ids`` only: those rows gathered, then the same
-        kernel (the same bits as :meth:`lm_head`)."""
+        """The head kernel's logits of rows ``ids`` only (the same bits as :meth:`lm_head`): on
+        the vnni build read where they lie (:func:`.batch.lm_head_rows`), else those rows
+        gathered and the same kernel run on them."""
         x = np.ascontiguousarray(h, dtype=np.float32)
         out = np.empty((x.shape[0], len(ids)), dtype=np.float32)
         # thread pickers are kept per size: round it to a power of two

@@ -288,7 +288,6 @@ def lm_head_tokens(E, X, bf16, out):
                 out[t, v] = acc
 
 
-
 #: :func:`lm_head_rows` hints its first rows into L2 before the threads start, and each share
 #: of ``ROWS_BURST`` rows its own: rows far apart each start with a TLB miss (on this KVM
 #: guest ~10 us for a cold 5 KB row), and issuing them together overlaps those (30 cold rows

@@ -4,9 +4,10 @@ At load, :func:`quantize_bits` turns each embedding row ``e`` (f16, bf16 or f32 
 codes ``c`` with one float64 scale ``d`` (``max|e| / 127``), stored as ``c + 128`` (uint8, rows
 padded to 64 bytes with value 0) so that vpdpbusd (u8 x s8) reads them, and the two norms the
 bound needs: ``||e - d c||`` and ``||d c||`` (float64, per row). Where the CPU has AVX512-VBMI
-the codes are int7 instead (``max|e| / 63``, stored ``c + 64`` and packed 8 to 7 bytes, unpacked
-in registers by vpermb + vpmultishiftqb: :func:`screen_vbmi7`): 1/8 fewer bytes per step for a
-bound twice as wide. Per step, a hidden state ``x``
+the screen reads only the codes' high 7 bits ``h = floor(c / 2)`` (stored ``h + 64``, packed 8
+to 7 bytes, unpacked in registers by vpermb + vpmultishiftqb: :func:`screen_vbmi7`), 1/8 fewer
+bytes per step for a bound about twice as wide, and screens its candidates again with the int8
+codes from the bit plane of their low bits (:func:`refine_vbmi7`). Per step, a hidden state ``x``
 becomes two int8 vectors ``q1 + q2 / 254 ~ x s`` (:func:`..exact_head.split_hidden`), so the
 screen's integer sums are exact and its only errors are the two quantizations, which the bound
 covers through Cauchy-Schwarz. :func:`screen_vnni` (AVX512-VNNI: one code load, two vpdpbusd per 64
@@ -139,6 +140,26 @@ def quantize_f32(E, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bit
         for k in range(h):
             e[k] = E[v, k]
         _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn)
+
+
+def quantize_rows(E, lut, dim: int, bits: int = 8) -> tuple:
+    """The pieces of :meth:`..exact_head.ScreenTables.build` for head rows ``E`` (uint16 bits
+    valued by ``lut``, or float32): ``(codes, scale, dnorm, qnorm, enorm, bad, fine)``, with
+    ``fine`` = (bit plane, int8 dnorm, int8 qnorm) for ``bits`` 7, else None."""
+    from ..exact_head import code_buffer, padded, row_bytes
+
+    V = E.shape[0]
+    codes = code_buffer(V, row_bytes(dim, bits))
+    scale, dn, qn, en = (np.empty(V) for _ in range(4))
+    bad = np.empty(V, np.uint8)
+    nested = V if bits == 7 else 0  # int7: the int8 codes' low bits and norms too
+    plane = np.empty((nested, padded(dim) // 8), np.uint8)
+    fdn, fqn = np.empty(nested), np.empty(nested)
+    if E.dtype == np.uint16:
+        quantize_bits(E, lut, codes, plane, scale, dn, qn, en, bad, fdn, fqn, bits)
+    else:
+        quantize_f32(E, codes, plane, scale, dn, qn, en, bad, fdn, fqn, bits)
+    return codes, scale, dn, qn, en, bad, ((plane, fdn, fqn) if nested else None)
 
 
 @njit(cache=True, nogil=True)

@@ -67,21 +67,16 @@ class GpuScreenedHead:
         gtype = head.gtype
         rows = head.host_rows
         width = EH.padded(dim)
-        codes = np.empty((V, width), np.uint8)
-        scale, dn, qn, en = (np.empty(V) for _ in range(4))
-        bad = np.empty(V, np.uint8)
-        none = (np.empty((0, 0), np.uint8), np.empty(0), np.empty(0))  # int7 parts: unused
         lut = None
         if gtype == GGMLType.F32:
             E = np.ascontiguousarray(rows).view("<f4").reshape(V, dim)
-            S.quantize_f32(E, codes, none[0], scale, dn, qn, en, bad, *none[1:], 8)
         else:
             E = np.ascontiguousarray(rows).view("<u2").reshape(V, dim)
             lut = H.lut16(gtype.name)
-            S.quantize_bits(E, lut, codes, none[0], scale, dn, qn, en, bad, *none[1:], 8)
-        self.tables = EH.ScreenTables.build(
-            codes, scale, dn, qn, en, bad, dim, self.depth(dim), UNIT,
-            flushed=flushed_norms(E, gtype, lut), flush_x=True)
+        *parts, _ = S.quantize_rows(E, lut, dim)  # int8 codes (the device reads no int7)
+        codes = parts[0]
+        self.tables = EH.ScreenTables.build(*parts, dim, self.depth(dim), UNIT,
+                                            flushed=flushed_norms(E, gtype, lut), flush_x=True)
         self.width, self.w4 = width, width // 4
         if 2 * self.w4 > UNIFORM_WORDS:  # q1 and q2 share one 64 KiB block
             raise ValueError(f"a screen of width {width} exceeds the 64 KiB input block")
