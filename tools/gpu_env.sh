@@ -1,0 +1,14 @@
+# Source this on a lent GPU machine (bare image with python3, numpy, numba; no network) from the
+# repository root, after copying in .gl/ (Vulkan loader .debs: apt-get download libvulkan1 ...)
+# and .whl/ (wgpu, cffi, pycparser, rendercanvas, constriction, gguf, zstandard, sniffio wheels
+# for the machine's Python): unpacks the loader, installs the wheels under /tmp/site and points
+# Python at them and at this checkout.
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || return 1
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$icd" ] && export VK_DRIVER_FILES="$icd"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+lscpu | grep -m1 "Model name" || true
