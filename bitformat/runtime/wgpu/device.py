@@ -75,19 +75,35 @@ def request_adapter() -> Any | None:
         return None
 
 
-def kernel_source(stem: str, variant: str = "uniform") -> str:
-    """The WGSL text of ``kernels/<stem>.wgsl`` with includes pasted and X_* substituted."""
+#: text every kernel may use, substituted before compiling (a kernel's own ``subs`` win)
+DEFAULT_SUBS = {"W_BINDING": "1", "SLOT_OFF": "(QOFF + (COLS + 255u) / 256u * 64u)"}
+
+
+def kernel_source(stem: str, variant: str = "uniform", subs: dict[str, str] | None = None
+                  ) -> str:
+    """The WGSL text of ``kernels/<stem>.wgsl`` with includes pasted (each file once, nested
+    includes too) and X_* and ``subs`` (names -> text) substituted."""
     root = importlib.resources.files("bitformat.runtime.wgpu") / "kernels"
-    lines = []
-    for line in (root / f"{stem}.wgsl").read_text().splitlines():
-        if line.startswith("//#include "):
-            lines.append((root / line.split()[1]).read_text())
-        else:
-            lines.append(line)
+    seen: set[str] = set()
+
+    def paste(name: str) -> list[str]:
+        seen.add(name)
+        lines = []
+        for line in (root / name).read_text().splitlines():
+            if line.startswith("//#include "):
+                inc = line.split()[1]
+                if inc not in seen:
+                    lines += paste(inc)
+            else:
+                lines.append(line)
+        return lines
+
+    text = "\n".join(paste(f"{stem}.wgsl"))
     space, xtype, xftype = _X_TYPES[variant]
-    text = "\n".join(lines)
-    for token, value in (("X_SPACE", space), ("XF_TYPE", xftype), ("X_TYPE", xtype)):
-        text = text.replace(token, value)
+    table = {**DEFAULT_SUBS, **(subs or {}), "X_SPACE": space, "XF_TYPE": xftype,
+             "X_TYPE": xtype}
+    for token in sorted(table, key=len, reverse=True):  # longer names first
+        text = text.replace(token, table[token])
     return text
 
 

@@ -1,7 +1,9 @@
-// matvec_common.wgsl: what the five row-format mat-vec kernels share. It is pasted into each of
-// them where they say `//#include matvec_common.wgsl` (bitformat/runtime/wgpu/device.py), so
-// the bindings it uses are declared, and documented, in the including file:
+// matvec_common.wgsl: what the five op-by-op row-format mat-vec kernels share. It is pasted into
+// each of them where they say `//#include matvec_common.wgsl` (bitformat/runtime/wgpu/device.py),
+// after their format's rows_<format>.wgsl (row_dot, row_value), so the bindings it uses are
+// declared, and documented, in the including file:
 //   X  the activation block (norm_quant.wgsl), P  the dispatch's Params, Y  the output.
+// The helpers x_s, x_sum, x_bsum and xw are shared with fused_matvec.wgsl through act_block.wgsl.
 //
 // Activation block X, u32 words (NPAD = COLS rounded up to a multiple of 256):
 //   0            s = 127 / max(max|x|, 1e-5), f32 bits
@@ -33,21 +35,7 @@ struct Params {
 
 var<workgroup> red: array<vec2<f32>, 64>;
 
-fn xw(i: u32) -> u32 {
-    return X[i >> 2u][i & 3u];
-}
-
-fn x_s() -> f32 {
-    return bitcast<f32>(X[0][0]);
-}
-
-fn x_sum() -> i32 {
-    return bitcast<i32>(X[0][1]);
-}
-
-fn x_bsum(b: u32) -> i32 {
-    return bitcast<i32>(xw(4u + b));
-}
+//#include act_block.wgsl
 
 fn store(r: u32, y: vec2<f32>) {
     let o = P.row0 + r;
@@ -74,7 +62,8 @@ fn finish(li: u32, r: u32, lane: u32, acc: vec2<f32>) {
         }
     }
     if (lane == 0u && r < ROWS) {
-        store(r, epilogue(v));
+        store(r, vec2<f32>(row_value(v.x) * P.scale * P.out_scale,
+                           row_value(v.y) * P.scale2 * P.out_scale2));
     }
 }
 
@@ -85,9 +74,9 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     let lane = li % LANES;
     var acc = vec2<f32>(0.0, 0.0);
     if (r < ROWS) {
-        acc.x = row_dot(0u, r, lane);
+        acc.x = row_dot(0u, r, lane, LANES);
         if (MODE == 2u) {
-            acc.y = row_dot(P.base2, r, lane);
+            acc.y = row_dot(P.base2, r, lane, LANES);
         }
     }
     finish(li, r, lane, acc);
