@@ -48,13 +48,14 @@ class LoadedModel:
         self.container_model = container
         self.backend = backend
         self.args = args
-        if backend.name == "wgpu" and args.family.id == "bitnet-2b4t" \
-                and backend.head_name == "token_embd.weight":
-            # the whole model on the device, one command buffer a token
+        self.net = None
+        if backend.name == "wgpu" and backend.dev.subgroups:
+            # every family's whole step on the device, one command buffer a token (a device
+            # without subgroup operations runs the shared graph op by op instead)
             from .wgpu.network import WgpuBitNet
 
             self.net = WgpuBitNet(args, backend, progress=progress, head=head)
-        else:
+        if self.net is None:
             self.net = model_class(args)(args, backend, progress=progress, head=head)
         self.tokenizer = tokenizer
         self.container = container.container

@@ -47,6 +47,10 @@ EMBED_TYPES = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.BF16: 2}
 ROW_KERNELS = {"i2_s": "matvec_i2_s", "tq2_0": "matvec_tq2_0", "tq1_0": "matvec_tq1_0",
                "stfma": "matvec_stfma", "colpack_u32": "matvec_colpack_u32"}
 WG = 64
+#: the activation layout each format's rows read in the fused kernels (0 plain, 1 slot16)
+FUSED_LAYOUT = {"i2_s": 0, "tq2_0": 0, "tq1_0": 0, "stfma": 1, "colpack_u32": 1}
+FUSED_WGS = 256  # invocations per workgroup of the fused kernels
+HEAD_RPW = 32  # head rows per workgroup of lm_head_step.wgsl / lm_head_rows_step.wgsl
 
 
 def activation_block(q: np.ndarray, s: float) -> np.ndarray:
@@ -71,6 +75,34 @@ def activation_block(q: np.ndarray, s: float) -> np.ndarray:
     slot = qp.reshape(-1, 4, 4).transpose(0, 2, 1).copy()  # [16-group w, g, k] = q[16w+g+4k]
     out[QOFF + npad // 4: QOFF + npad // 2] = slot.reshape(-1).view("<u4")
     return out
+
+
+def fparams(scales: Sequence[float], oscales: Sequence[float], bounds: Sequence[int],
+            row0: int = 0, base2: int = 0, up: tuple[float, float] = (1.0, 1.0)) -> np.ndarray:
+    """The ``FParams`` uniform of ``fused_matvec.wgsl`` (48 bytes): per row segment its scale
+    and out scale (up to three stacked matrices), the segments' ends, the dispatch's first row
+    and (MODE 2) the word where the up rows begin, whose scales are ``up``."""
+    p = np.zeros(12, np.uint32)
+    sc = np.ones(4, np.float32)
+    osc = np.ones(4, np.float32)
+    sc[: len(scales)] = scales
+    osc[: len(oscales)] = oscales
+    sc[3], osc[3] = up
+    p[:4], p[4:8] = sc.view(np.uint32), osc.view(np.uint32)
+    b = list(bounds) + [0xFFFFFFFF] * (2 - len(bounds))
+    p[8:12] = b[0], b[1], row0, base2
+    return p
+
+
+def fused_subs(encoding: str, cols: int) -> dict[str, str]:
+    """Text substitutions of ``fused_matvec.wgsl`` / ``norm_block.wgsl`` for a format and
+    input width: the rows' code and the activation block's size in workgroup memory."""
+    npad = -(-cols // 256) * 256
+    subs = {"XV4": str(64 + npad // 16), "NBLK": str(npad // 256), "SLOT_OFF": "QOFF",
+            "W_BINDING": "6"}
+    if encoding:
+        subs["ROWS_INCLUDE"] = f"rows_{encoding}.wgsl"
+    return subs
 
 
 def params(scale: float = 1.0, out_scale: float = 1.0, scale2: float = 1.0,
@@ -110,10 +142,15 @@ class Chunk:
 
 
 class GpuMatrix:
-    """One matrix (or a fused gate/up pair sharing rows) uploaded as row chunks."""
+    """One matrix (or a fused gate/up pair sharing rows) uploaded as row chunks.
 
-    def __init__(self, dev: GpuDevice, mats: list[RowMatrix]):
+    ``segments``: where several matrices were stacked into one (q, k, v), each one's last row
+    + 1, tensor scale and out scale (:meth:`WgpuBackend.stacked`)."""
+
+    def __init__(self, dev: GpuDevice, mats: list[RowMatrix],
+                 segments: Sequence[tuple[int, float, float]] | None = None):
         self.dev, self.mats = dev, mats
+        self.segments = list(segments or [(mats[0].rows, mats[0].scale, 1.0)])
         m = mats[0]
         self.name, self.encoding, self.rows, self.cols = m.name, m.encoding, m.rows, m.cols
         self.stem = ROW_KERNELS[m.encoding]
@@ -152,6 +189,38 @@ class GpuMatrix:
             out.append(Dispatch(f"matvec:{self.encoding}", k, g,
                                 dev.grid(math.ceil(c.rows / (WG // lanes))),
                                 c.nbytes + self.cols))
+        return out
+
+    def fused_dispatches(self, src: Any, gain: Any, y: Any, mode: int, *, norm: bool,
+                         act: int = 0, eps: float = 1e-5, combine: Any = None,
+                         trace: Any = None, out_scales: Sequence[float] = (1.0, 1.0, 1.0, 1.0)
+                         ) -> list[Dispatch]:
+        """``fused_matvec.wgsl`` over every chunk: quantize ``src`` (RMSNorm with ``gain`` if
+        ``norm``; ``act(src) * combine`` first if ``combine``) in every workgroup, then
+        ``y (op)= W q / s * scale`` (``mode`` 0 store, 1 add, 2 ``act(gate) * up``).
+        ``out_scales``: per segment (MODE 2: gate, up) the optional ``.scale`` tensors."""
+        dev = self.dev
+        lpr, rpw = dev.fused_shape(self.encoding)
+        subs = fused_subs(self.encoding, self.cols)
+        out = []
+        bounds = [e for e, _, _ in self.segments[:-1]]
+        scales = [sc for _, sc, _ in self.segments]
+        oscales = list(out_scales[: len(self.segments)])
+        up = (self.mats[1].scale, out_scales[1]) if len(self.mats) > 1 else (1.0, 1.0)
+        if len(self.mats) > 1:
+            oscales = [out_scales[0]]
+        for c in self.chunks:
+            k = dev.kernel("fused_matvec", subs, ROWS=c.rows, COLS=self.cols, MODE=mode,
+                           ACT=act, NORM=int(norm), COMBINE=int(combine is not None),
+                           EPS=np.float32(eps), LAYOUT=FUSED_LAYOUT[self.encoding], RPW=rpw,
+                           LPR=lpr, TRACE=int(trace is not None), **self.mats[0].constants)
+            p = dev.uniform(fparams(scales, oscales, bounds, c.row0, c.base2, up))
+            g = dev.bind(k, src, combine if combine is not None else src,
+                         gain if gain is not None else src, p, y,
+                         trace if trace is not None else dev.scratch, c.buffer)
+            nbytes = c.nbytes + 4 * self.cols * (2 + (combine is not None))
+            out.append(Dispatch(f"matvec:{self.encoding}", k, g,
+                                dev.grid(math.ceil(c.rows / rpw)), nbytes))
         return out
 
 
@@ -279,6 +348,7 @@ class GpuEmbedding:
             raise UnsupportedConversionError(f"the wgpu backend reads an F32, F16 or BF16 "
                                              f"embedding, not {gtype.name}", tensor=name)
         self.dtype = EMBED_TYPES[gtype]
+        self.name = name
         if self.dtype and self.dim % 2:
             raise UnsupportedConversionError("a 16-bit embedding needs an even width",
                                              tensor=name)
@@ -299,8 +369,30 @@ class GpuEmbedding:
         """(chunk index, row inside the chunk) of a token."""
         return divmod(int(token), self.rows_per_chunk)
 
-    def head_dispatches(self, x: Any, logits: Any) -> list[Dispatch]:
+    @property
+    def n_parts(self) -> int:
+        """Workgroups of ``lm_head_step.wgsl`` over every chunk (one largest logit each)."""
+        return sum(-(-n // HEAD_RPW) for _, n, _ in self.chunks)
+
+    def head_dispatches(self, x: Any, logits: Any, parts: Any = None) -> list[Dispatch]:
+        """The head's logits of ``x`` into ``logits``, one dispatch per chunk: with subgroups
+        ``lm_head_step.wgsl`` (which also writes each workgroup's largest logit into
+        ``parts``, :attr:`n_parts` pairs), else ``lm_head.wgsl``."""
         dev, out = self.dev, []
+        if dev.subgroups:
+            lpr, _ = dev.fused_shape("head")
+            if parts is None:
+                parts = dev.buffer(8 * self.n_parts, f"{self.name}.maxima")
+            pbase = 0
+            for r0, n, buf in self.chunks:
+                k = dev.kernel("lm_head_step", ROWS=n, DIM=self.dim, DTYPE=self.dtype,
+                               RPW=HEAD_RPW, LPR=lpr)
+                p = dev.uniform(np.array([r0, pbase, 0, 0], np.uint32))
+                out.append(Dispatch("lm_head", k, dev.bind(k, x, buf, p, logits, parts),
+                                    dev.grid(-(-n // HEAD_RPW)),
+                                    n * self.row_bytes + 4 * self.dim))
+                pbase += -(-n // HEAD_RPW)
+            return out
         for r0, n, buf in self.chunks:
             k = dev.kernel("lm_head", ROWS=n, DIM=self.dim, DTYPE=self.dtype, LANES=dev.lanes)
             p = dev.uniform(np.array([r0, 0, 0, 0], np.uint32))
@@ -432,6 +524,27 @@ class WgpuBackend(Backend):
             else:
                 self._cache[key] = GpuMatrix(self.dev, [self.row_matrix(name)])
         return self._cache[key]
+
+    def stacked(self, names: Sequence[str]) -> GpuMatrix | None:
+        """Matrices that read the same input (q, k and v) as one: their rows one after the
+        other, each keeping its scale, for one fused dispatch (None where one has no row kernel
+        or their kernels differ)."""
+        if self.decode == "fused" and any(self.model.entry(n).encoding == "rans"
+                                          for n in names):
+            return None
+        mats = [self.row_matrix(n) for n in names]
+        m0 = mats[0]
+        if any((m.encoding, m.cols, m.constants) != (m0.encoding, m0.cols, m0.constants)
+               for m in mats):
+            return None
+        self._check_width(m0.cols, names[0])
+        segments, end = [], 0
+        for m in mats:
+            end += m.rows
+            segments.append((end, m.scale, 1.0))
+        rows = np.concatenate([np.asarray(m.data) for m in mats])
+        return GpuMatrix(self.dev, [RowMatrix("+".join(names), m0.encoding, end, m0.cols, rows,
+                                              m0.scale, m0.constants)], segments)
 
     def pair(self, gate: str, up: str) -> GpuMatrix | None:
         """gate and up fused into one upload for ``MODE 2`` (None if their kernels differ)."""

@@ -12,10 +12,13 @@ constants. wgpu-py 0.32 raises WGSL and validation errors at creation (its error
 implemented), so creation is wrapped to name the kernel and its constants.
 
 Only what WGSL guarantees on Vulkan, Metal and D3D12 is used: u32/i32/f32, ``dot4I8Packed``,
-``unpack2x16float``, workgroup memory <= 16 KiB, no subgroups, no shader-f16, no 64-bit
-integers. The one optional feature, ``timestamp-query``, is requested where the adapter has it
-and only used for :meth:`GpuDevice.profile`; without it the profile times each dispatch on the
-host.
+``unpack2x16float``, workgroup memory <= 16 KiB, no shader-f16, no 64-bit integers. Two
+optional features are requested where the adapter has them: ``subgroup`` (subgroup sums,
+maxima and shuffles: the fused decode step of network.py needs it; without it a model runs op
+by op on the kernels that need nothing optional) and ``timestamp-query`` (only for timing:
+:meth:`GpuDevice.profile`, :meth:`GpuDevice.pass_seconds`; without it the profile times each
+dispatch on the host). A text substitution (``subs``) may size a kernel's workgroup arrays or
+name the file it includes; module and pipeline caches key on it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,15 @@ BINDINGS: dict[str, tuple[str, ...]] = {
     "rans_gather": ("x", "read", "uniform", "storage", "storage", "storage"),
     "rans_matvec": ("x", "read", "read", "uniform", "x", "storage", "storage"),
     "rans_finish": ("x", "read", "uniform", "read", "storage"),
+    # the fused decode step (network.py; these need the `subgroup` feature)
+    "fused_matvec": ("read", "read", "read", "uniform", "storage", "storage", "read"),
+    "norm_block": ("read", "read", "read", "storage", "storage", "storage"),
+    "attn_split": ("read", "storage", "storage", "read", "read", "storage", "read"),
+    "attn_merge": ("read", "read", "storage"),
+    "embed_step": ("read", "uniform", "read", "storage"),
+    "lm_head_step": ("read", "read", "uniform", "storage", "storage"),
+    "lm_head_rows_step": ("read", "read", "uniform", "storage", "read"),
+    "argmax_step": ("read", "storage", "storage"),
 }
 
 _X_TYPES = {  # (X_SPACE, X_TYPE, XF_TYPE) per variant
@@ -92,6 +104,7 @@ def kernel_source(stem: str, variant: str = "uniform", subs: dict[str, str] | No
         for line in (root / name).read_text().splitlines():
             if line.startswith("//#include "):
                 inc = line.split()[1]
+                inc = (subs or {}).get(inc, inc)
                 if inc not in seen:
                     lines += paste(inc)
             else:
@@ -133,6 +146,27 @@ class Dispatch:
         cpass.set_bind_group(0, self.group)
         cpass.dispatch_workgroups(*self.grid)
 
+    @property
+    def raw(self) -> tuple:
+        """(pipeline, bind group, x, y, z) as wgpu-native handles, for :meth:`GpuDevice.encode_raw`."""
+        return (self.kernel.pipeline._internal, self.group._internal, *self.grid)
+
+
+#: lanes of a subgroup per matrix row in the fused kernels, by format (at most the subgroup
+#: size): 2-bit rows of 2560 values are 40 vec4 units (i2_s) or 160 words (stfma), tq rows 10
+#: blocks. ``BITFORMAT_WGPU_FUSED="i2_s=16,passes=2"`` overrides them (tools/gpu_check.sh).
+FUSED_LPR = {"i2_s": 32, "stfma": 32, "colpack_u32": 32, "tq2_0": 8, "tq1_0": 8, "head": 32}
+ENV_FUSED = "BITFORMAT_WGPU_FUSED"
+
+
+def _fused_tuning() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in os.environ.get(ENV_FUSED, "").split(","):
+        if "=" in part:
+            k, _, v = part.partition("=")
+            out[k.strip()] = int(v)
+    return out
+
 
 class GpuDevice:
     """A wgpu device with the limits and features the backend needs.
@@ -156,7 +190,7 @@ class GpuDevice:
         self.adapter = adapter
         self.info = dict(adapter.info)
         limits = adapter.limits
-        features = ["timestamp-query"] if "timestamp-query" in adapter.features else []
+        features = [f for f in ("timestamp-query", "subgroup") if f in adapter.features]
         want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                        "max-storage-buffers-per-shader-stage")}
         self.device = adapter.request_device_sync(required_features=features,
@@ -168,6 +202,13 @@ class GpuDevice:
             self.max_binding = min(self.max_binding, int(max_binding))
         self.max_groups = int(self.limits["max-compute-workgroups-per-dimension"])
         self.timestamps = "timestamp-query" in self.device.features
+        #: subgroup operations (the fused decode step needs them) and the size a probe kernel
+        #: ran with (the kernels read the real size from a builtin; this only sizes work)
+        self.subgroups = "subgroup" in self.device.features
+        self.subgroup_size = self._probe_subgroup() if self.subgroups else 0
+        self._raw = _raw_calls()
+        self.tuning = {**FUSED_LPR, "passes": 1, **_fused_tuning()}
+        self._scratch: Any = None
         self.is_cpu = self.info.get("adapter_type") == "CPU"
         self.lanes = int(lanes or (1 if self.is_cpu else 16))
         if self.lanes not in (1, 2, 4, 8, 16, 32, 64):
@@ -176,9 +217,50 @@ class GpuDevice:
         if self.x_space not in _X_TYPES:
             raise UnsupportedConversionError(f"x_space must be uniform or storage, not "
                                              f"{x_space!r}")
-        self._modules: dict[str, Any] = {}
+        self._modules: dict[tuple, Any] = {}
         self._layouts: dict[str, Any] = {}
         self._pipelines: dict[tuple, Kernel] = {}
+
+    def _probe_subgroup(self) -> int:
+        w = self.wgpu
+        code = ("@group(0) @binding(0) var<storage, read_write> B: array<u32>;\n"
+                "@compute @workgroup_size(256) fn main(@builtin(local_invocation_index) t: u32, "
+                "@builtin(subgroup_size) n: u32) { if (t == 0u) { B[0] = n; } }")
+        try:
+            m = self.device.create_shader_module(code=code)
+            p = self.device.create_compute_pipeline(layout="auto", compute={
+                "module": m, "entry_point": "main"})
+            b = self.device.create_buffer(size=16, usage=w.BufferUsage.STORAGE
+                                          | w.BufferUsage.COPY_SRC)
+            g = self.device.create_bind_group(layout=p.get_bind_group_layout(0), entries=[
+                {"binding": 0, "resource": {"buffer": b, "offset": 0, "size": 16}}])
+            enc = self.device.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            cp.set_pipeline(p)
+            cp.set_bind_group(0, g)
+            cp.dispatch_workgroups(1)
+            cp.end()
+            self.queue.submit([enc.finish()])
+            n = int(np.frombuffer(self.queue.read_buffer(b), np.uint32)[0])
+        except Exception:  # noqa: BLE001 - a driver that fails this has no usable subgroups
+            self.subgroups = False
+            return 0
+        if n < 4 or n & (n - 1):
+            self.subgroups = False
+            return 0
+        return n
+
+    def fused_shape(self, encoding: str) -> tuple[int, int]:
+        """(lanes per row, rows per workgroup) of a fused kernel for this format's rows."""
+        lpr = max(1, min(int(self.tuning.get(encoding, 32)), self.subgroup_size or 1))
+        return lpr, 256 // lpr * max(1, int(self.tuning["passes"]))
+
+    @property
+    def scratch(self) -> Any:
+        """A small storage buffer to bind where a kernel's optional output is unused."""
+        if self._scratch is None:
+            self._scratch = self.buffer(256, "scratch")
+        return self._scratch
 
     @property
     def name(self) -> str:
@@ -195,22 +277,25 @@ class GpuDevice:
             self._layouts[stem] = self.device.create_bind_group_layout(entries=entries)
         return self._layouts[stem]
 
-    def kernel(self, stem: str, **constants: float) -> Kernel:
-        """The pipeline of ``stem`` with these override constants (cached)."""
-        key = (stem, tuple(sorted(constants.items())))
+    def kernel(self, stem: str, subs: dict[str, str] | None = None, **constants: float
+               ) -> Kernel:
+        """The pipeline of ``stem`` with these text substitutions (sizes of workgroup arrays,
+        included files) and override constants (cached)."""
+        skey = tuple(sorted((subs or {}).items()))
+        key = (stem, skey, tuple(sorted(constants.items())))
         if key in self._pipelines:
             return self._pipelines[key]
         try:
-            if stem not in self._modules:
-                self._modules[stem] = self.device.create_shader_module(
-                    label=stem, code=kernel_source(stem, self.x_space))
+            if (stem, skey) not in self._modules:
+                self._modules[stem, skey] = self.device.create_shader_module(
+                    label=stem, code=kernel_source(stem, self.x_space, subs))
             layout = self._layout(stem)
             pipeline = self.device.create_compute_pipeline(
                 label=stem, layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
-                compute={"module": self._modules[stem], "entry_point": "main",
+                compute={"module": self._modules[stem, skey], "entry_point": "main",
                          "constants": {k: float(v) for k, v in constants.items()}})
         except Exception as e:  # wgpu's GPUValidationError carries naga's message
-            raise GpuError(f"creating kernel {stem} with {constants}: {e}") from e
+            raise GpuError(f"creating kernel {stem} with {constants} {subs or ''}: {e}") from e
         k = Kernel(stem, pipeline, layout, dict(constants))
         self._pipelines[key] = k
         return k
@@ -307,6 +392,59 @@ class GpuDevice:
             enc.copy_buffer_to_buffer(*c)
         return enc.finish()
 
+    def encode_raw(self, seq: Sequence[tuple], copies: Sequence[tuple] = ()) -> Any:
+        """One command buffer of ``seq`` = :attr:`Dispatch.raw` tuples in one compute pass,
+        then ``copies``. The dispatches are recorded by calling wgpu-native's functions
+        directly (the cffi library wgpu-py wraps): about half of wgpu-py's host time per
+        dispatch (tools/gpu_probe.py; wgpu-core's own validation remains). Errors surface at
+        ``finish`` as with wgpu-py's calls."""
+        enc = self.device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        if self._raw is None:  # pragma: no cover - a wgpu-py without the native backend
+            raise GpuError("encode_raw needs wgpu-py's wgpu_native backend")
+        sp, sb, dw, null = self._raw
+        h = cp._internal
+        last = None
+        for p, g, x, y, z in seq:
+            if p is not last:
+                sp(h, p)
+                last = p
+            sb(h, 0, g, 0, null)
+            dw(h, x, y, z)
+        cp.end()
+        for c in copies:
+            enc.copy_buffer_to_buffer(*c)
+        return enc.finish()
+
+    def pass_seconds(self, seq: Sequence[tuple], repeats: int = 3) -> float | None:
+        """GPU seconds of ``seq`` (raw tuples) in one compute pass, between timestamps at the
+        pass's start and end (median of ``repeats``); None without timestamp queries."""
+        if not self.timestamps or not seq:
+            return None
+        u = self.wgpu.BufferUsage
+        out = []
+        for _ in range(max(1, repeats)):
+            qs = self.device.create_query_set(type="timestamp", count=2)
+            res = self.device.create_buffer(size=16, usage=u.QUERY_RESOLVE | u.COPY_SRC)
+            stage = self.staging(16, "timestamps")
+            enc = self.device.create_command_encoder()
+            cp = enc.begin_compute_pass(timestamp_writes={
+                "query_set": qs, "beginning_of_pass_write_index": 0,
+                "end_of_pass_write_index": 1})
+            sp, sb, dw, null = self._raw
+            h = cp._internal
+            for p, g, x, y, z in seq:
+                sp(h, p)
+                sb(h, 0, g, 0, null)
+                dw(h, x, y, z)
+            cp.end()
+            enc.resolve_query_set(qs, 0, 2, res, 0)
+            enc.copy_buffer_to_buffer(res, 0, stage, 0, 16)
+            self.queue.submit([enc.finish()])
+            t = np.frombuffer(self.map_read(stage, 16), np.uint64)
+            out.append(max(0, int(t[1]) - int(t[0])) * 1e-9)
+        return float(np.median(out))
+
     def run(self, items: Iterable[Dispatch | tuple], copies: Sequence[tuple] = (), *,
             wait: bool = True) -> None:
         self.queue.submit([self.encode(items, copies)])
@@ -362,6 +500,16 @@ class GpuDevice:
         ticks = np.frombuffer(self.map_read(stage, 16 * n), np.uint64).reshape(n, 2)
         ns = (ticks[:, 1].astype(np.int64) - ticks[:, 0].astype(np.int64)).clip(0)
         return [float(v) * 1e-9 for v in ns], "gpu-timestamps"
+
+
+def _raw_calls() -> tuple | None:
+    """wgpu-native's set-pipeline, set-bind-group and dispatch functions (and NULL), unwrapped."""
+    try:
+        from wgpu.backends.wgpu_native import ffi, lib
+    except Exception:  # pragma: no cover - another wgpu-py backend
+        return None
+    return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
+            lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
 
 
 def require_gpu() -> bool:

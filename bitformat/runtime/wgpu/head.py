@@ -10,8 +10,9 @@ that each fit one storage binding. Per step and token:
    (``dot4I8Packed``, int32: no rounding at all), 8 bytes per row come back;
 3. the host turns them into float64 bounds (:func:`..exact_head.bounds_from_sums`) and
    :class:`..exact_head.Head` picks the candidates;
-4. ``lm_head_rows.wgsl`` computes the candidates' logits on the device with ``lm_head.wgsl``'s
-   own per-row code (``lm_head_row.wgsl``, pasted into both), 4 bytes per candidate back.
+4. ``lm_head_rows_step.wgsl`` (``lm_head_rows.wgsl`` on a device without subgroups) computes
+   the candidates' logits on the device with the full head kernel's own per-row code
+   (``lm_head_row.wgsl`` + ``lm_head_lanes.wgsl``), 4 bytes per candidate back.
 
 The bound's rounding term is wider than the cpu backend's: the compilers between WGSL and the
 device (naga, the driver's) may reassociate and fuse the f32 sums, Vulkan leaves the rounding
@@ -27,6 +28,7 @@ import numpy as np
 
 from ...constants import GGMLType
 from .. import exact_head as EH
+from .backend import HEAD_RPW
 from .device import UNIFORM_WORDS, Dispatch, GpuDevice
 
 WG = 64
@@ -97,7 +99,14 @@ class GpuScreenedHead:
         # the rescoring: one dispatch per head chunk holding candidates
         self.ids = dev.buffer(4 * V, "head_rows.ids")
         self.out = dev.buffer(4 * V, "head_rows.logits")
-        self.kr = dev.kernel("lm_head_rows", DIM=dim, DTYPE=head.dtype, LANES=dev.lanes)
+        if dev.subgroups:  # the full head is lm_head_step.wgsl: the same per-row arithmetic
+            lpr, _ = dev.fused_shape("head")
+            self.kr = dev.kernel("lm_head_rows_step", DIM=dim, DTYPE=head.dtype,
+                                 RPW=HEAD_RPW, LPR=lpr)
+            self.rows_per_group = HEAD_RPW
+        else:
+            self.kr = dev.kernel("lm_head_rows", DIM=dim, DTYPE=head.dtype, LANES=dev.lanes)
+            self.rows_per_group = WG // dev.lanes
         self.rows = []
         for r0, n, buf in head.chunks:
             p = dev.buffer(16, f"head_rows.params[{r0}]", uniform=True)
@@ -146,7 +155,7 @@ class GpuScreenedHead:
             dev.write(p, np.array([r0, b - a, a, 0], np.uint32))
             if b > a:
                 items.append(Dispatch("lm_head_rows", self.kr, group,
-                                      dev.grid(math.ceil((b - a) / (WG // dev.lanes))),
+                                      dev.grid(math.ceil((b - a) / self.rows_per_group)),
                                       int(b - a) * self.head.row_bytes))
         for t in range(h.shape[0]):
             dev.write(self.xf, np.ascontiguousarray(h[t], np.float32))

@@ -1,27 +1,34 @@
-"""The whole BitNet b1.58 forward pass on a wgpu device, one command buffer per token.
+"""The whole forward pass of every family on a wgpu device: a few fused dispatches a layer.
 
-The same graph as :class:`~..models.bitnet.BitNet` (FORMATS.md 4.3), each step a kernel, every
+The same graph as :class:`~..models.base.Transformer` (docs/gpu.md, "The decode step"), every
 dispatch of a token recorded into one compute pass and submitted once::
 
-    embed                         h = E[token]                          (the token's chunk)
+    embed_step                 h = E[state.token]                    (each embedding chunk)
     per layer:
-      norm_quant                  X = Q8(RMSNorm(h))                    activation block
-      matvec q, k, v              q, k, v = X W^T / s * scale
-      rope                        RoPE(q), RoPE(k) -> K cache, v -> V cache at pos
-      attention                   o = softmax(q K^T / sqrt(d)) V        one workgroup per head
-      norm_quant, matvec o        h += Q8(RMSNorm(o)) W_o^T ...         residual in the epilogue
-      norm_quant                  X = Q8(RMSNorm(h))
-      matvec gate+up (MODE 2)     g = relu(gate)^2 * up                 rans: two mat-vecs, and
-      norm_quant                  X = Q8(RMSNorm(g))                    the norm combines them
-      matvec down                 h += ...
-    norm_quant (QUANT 0)          x = RMSNorm(h)
-    lm_head (per chunk)           logits = E x
-    argmax                        4 bytes back for greedy decoding
+      fused_matvec  q|k|v      q, k, v = Q8(RMSNorm(h)) [Wq; Wk; Wv]^T / s * scale
+      attn_split               q/k norms (Qwen3), RoPE, K/V cache write at state.pos, and
+                               softmax attention over runs of positions (flash-decoding)
+      attn_merge               o = the runs combined
+      fused_matvec  o          h += Q8(RMSNorm_sub(o)) Wo^T ...      (no sub-norm: Q8(o))
+      fused_matvec  gate|up    g = act(gate) * up                    (relu^2 or silu)
+      fused_matvec  down       h += Q8(RMSNorm_sub(g)) Wd^T ...
+    norm_block (f32)           x = RMSNorm(h)
+    lm_head_step               logits = H x, and each workgroup's largest logit
+    argmax_step                the greedy token, written into the state for the next step
 
-Buffers (activations, the KV cache of ``context`` positions, the cos/sin table) are allocated
-and every bind group is made once, at construction; a step writes 16 bytes (token row,
-position, length) and submits. The prompt runs token by token (no batched prefill kernel):
-its steps are submitted back to back and only the last one computes logits.
+``fused_matvec`` normalizes and quantizes its input in every workgroup (no separate norm
+dispatch), so a layer is 6 dispatches and a 2B-4T token 184. A matrix without a row kernel
+of its own (rans decoded in the kernels, ``decode="fused"``) gets a ``norm_block`` dispatch
+that writes the activation block and its own kernels instead.
+
+The token never leaves the device during greedy decoding: ``argmax_step`` writes the chosen
+id and the next position into the state buffer that the next step's kernels read, so the host
+submits step t + 1 before it reads step t's token (4 bytes, from a ring of mapped buffers) and
+decoding costs max(host, GPU) per token rather than their sum. Per step the host only records
+the dispatches, calling wgpu-native's functions directly (:meth:`GpuDevice.encode_raw`).
+
+Buffers (activations, the KV cache of ``context`` positions, the cos/sin table, the attention
+runs), pipelines and bind groups are made once, at construction.
 """
 
 from __future__ import annotations
@@ -37,8 +44,18 @@ from ...errors import RequestError, UnsupportedConversionError
 from ..exact_head import Head
 from ..models.base import ModelArgs
 from ..sampling import Sampler
-from .backend import WgpuBackend
-from .device import UNIFORM_WORDS, Dispatch
+from .backend import GpuMatrix, GpuRans, WgpuBackend, fused_subs
+from .device import Dispatch
+
+#: attention runs: at least SPLIT positions each, up to SPAR runs while a run would exceed
+#: SPLIT, at most CMAX positions a run (attn_merge.wgsl)
+SPLIT, SPAR, CMAX = 32, 32, 256
+RING = 4  # mapped buffers the greedy tokens come back through
+
+
+def splits(length: int) -> int:
+    """How many runs a step attending to ``length`` positions splits them into."""
+    return max(min(-(-length // SPLIT), SPAR), -(-length // CMAX))
 
 
 class GpuKVCache:
@@ -56,145 +73,314 @@ class GpuKVCache:
 
 @dataclass
 class TraceEntry:
-    """One norm_quant call of a traced step: what the GPU quantized."""
+    """One activation quantization of a traced step: what the GPU quantized."""
 
     layer: int
-    slot: int  # 0 attn_norm, 1 attn_sub_norm, 2 ffn_norm, 3 ffn_sub_norm
-    y: np.ndarray  # f32 [n], the normalized values before quantization
+    slot: int  # 0 attention input, 1 o_proj input, 2 FFN input, 3 down_proj input
+    y: np.ndarray  # f32 [n], the values before quantization (normalized where there is a norm)
     q: np.ndarray  # int8 [n]
     s: float
 
 
 @dataclass
-class _Norm:
-    dispatch: Dispatch
-    n: int
-    traced: Dispatch | None = None  # the TRACE = 1 variant (quantizing norms)
-    trace: Any = None  # buffer the traced variant writes y to
-    x_copy: Any = None  # buffer receiving the activation block when tracing (made on demand)
+class _Program:
+    layers: list[list[Dispatch]] = field(default_factory=list)
+    attention: list[int] = field(default_factory=list)  # (flat) indices of attn_split dispatches
+    norm: Dispatch | None = None  # the final RMSNorm (f32)
+    head: list[Dispatch] = field(default_factory=list)  # lm_head_step per chunk
+    argmax: Dispatch | None = None  # argmax_step, state untouched
+    argmax_step: Dispatch | None = None  # argmax_step that also advances the state
+    traces: list[tuple[int, int, Any, int]] = field(default_factory=list)  # layer, slot, buf, n
 
 
 @dataclass
-class _Program:
-    layers: list[Any] = field(default_factory=list)  # Dispatch | _Norm, in order
-    head: list[Dispatch] = field(default_factory=list)
-    argmax: Dispatch | None = None
+class _Pending:
+    """A greedy step submitted ahead: its cache, the position it runs, its readback slot."""
+
+    cache: GpuKVCache
+    pos: int
+    slot: int
+    token: int | None = None  # the token it embeds (known once the previous step is read)
 
 
 class WgpuBitNet:
-    """``forward(tokens, cache)`` -> logits like :class:`~..models.bitnet.BitNet`, on the GPU.
+    """``forward(tokens, cache)`` -> logits like :class:`~..models.base.Transformer`, on the
+    GPU, for every family (BitNet 2B-4T and 1bitLLM, Llama, Qwen3).
 
-    ``forward_argmax`` returns the greedy next token id instead (4 bytes downloaded).
+    ``forward_argmax`` returns the greedy next token id (computed on the device, 4 bytes back);
+    :meth:`decode` with a greedy sampler keeps one step in flight ahead of the caller.
     ``trace = True`` records every activation quantization (:class:`TraceEntry`) into
     ``trace_log``, one list per step, for tests that compare against the CPU path with the
-    same quantized inputs. ``last_step_seconds`` is the host time of the last submitted step
-    (submit to readback); :meth:`profile` times every kernel class.
+    same quantized inputs. ``last_step_seconds`` is the host time of the last call;
+    ``host_seconds`` / ``host_steps`` the host time spent recording and submitting steps;
+    :meth:`profile` times every kernel class.
     """
 
     def __init__(self, args: ModelArgs, backend: WgpuBackend, *, context: int | None = None,
                  progress: Callable[[int, int], None] | None = None, head: str = "full"):
         self.args, self.be, self.dev = args, backend, backend.dev
+        dev, a = backend.dev, args
+        if not dev.subgroups:
+            raise UnsupportedConversionError(
+                f"the fused decode step needs subgroup operations, which {dev.name} lacks; "
+                "the model runs op by op")
         self.head = Head(backend, head)  # how decode chooses tokens (exact_head.py)
         self._progress = progress  # (layer, n_layers) as each layer's weights are uploaded
-        a, dev = args, backend.dev
-        self.max_len = int(min(context or backend.context or a.context_length, a.context_length))
+        self.max_len = int(min(context or backend.context or a.context_length,
+                               a.context_length))
         hd, kvd = a.head_dim, a.n_kv_heads * a.head_dim
-        if hd > 256:
-            raise UnsupportedConversionError(f"head_dim {hd} > 256 (attention.wgsl)")
+        self.gq = a.n_heads // a.n_kv_heads
+        if hd % 4 or hd > 512 or self.gq * hd > 4096:
+            raise UnsupportedConversionError(f"head size {hd} x {self.gq} query heads per kv "
+                                             "head is beyond attn_split.wgsl")
         if self.max_len * kvd * 4 > dev.max_binding:
             raise UnsupportedConversionError(f"a layer's KV cache of {self.max_len} positions "
                                              "exceeds a storage binding; pass a smaller context")
-        f32 = 4
+        f32, nq = 4, a.n_heads * hd
+        self.smax = splits(self.max_len)
         self.h = dev.buffer(f32 * a.dim, "h")
-        self.q = dev.buffer(f32 * a.dim, "q")
-        self.k = dev.buffer(f32 * kvd, "k")
-        self.v = dev.buffer(f32 * kvd, "v")
-        self.o = dev.buffer(f32 * a.dim, "o")
+        self.qkv = dev.buffer(f32 * (nq + 2 * kvd), "qkv")
+        self.o = dev.buffer(f32 * nq, "o")
         self.g = dev.buffer(f32 * a.hidden_dim, "g")
         self.u = dev.buffer(f32 * a.hidden_dim, "u")
         self.logits = dev.buffer(f32 * a.vocab_size, "logits")
         self.result = dev.buffer(16, "argmax")
-        self.step = dev.uniform(np.zeros(4, np.uint32), "step")
-        self.scores = dev.buffer(f32 * a.n_heads * self.max_len, "scores")
+        self.state = dev.buffer(16, "state")
+        self.part = dev.buffer(f32 * a.n_heads * self.smax * (hd + 2), "attention runs")
         self.kc = [dev.buffer(f32 * self.max_len * kvd, f"k_cache.{i}") for i in range(a.n_layers)]
         self.vc = [dev.buffer(f32 * self.max_len * kvd, f"v_cache.{i}") for i in range(a.n_layers)]
-        inv_freq = 1.0 / a.rope_theta ** (np.arange(0, hd, 2) / hd)  # as BitNet: float64
+        inv_freq = 1.0 / a.rope_theta ** (np.arange(0, hd, 2) / hd)  # as the models: float64
         ang = np.arange(self.max_len, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)
         self.cs = dev.upload(np.concatenate([np.cos(ang), np.sin(ang)], axis=1), "cos_sin")
         self.logits_stage = dev.staging(f32 * a.vocab_size, "logits.read")
         self.result_stage = dev.staging(8, "argmax.read")
+        self.ring = [dev.staging(8, f"token.read.{i}") for i in range(RING)]
+        self._ring_at = 0
         self.trace = False
         self.trace_log: list[list[TraceEntry]] = []
         self.last_step_seconds = 0.0
+        self.host_seconds, self.host_steps = 0.0, 0
         self._owner: GpuKVCache | None = None
-        self._embed = backend.embedding.embed_dispatches(self.step, self.h)
-        self.prog = self._build()
+        self._pending: _Pending | None = None
+        self._names = {e.name for e in backend.model.entries}
+        self._embed = self._embed_dispatches()
+        self.prog = self._build(trace=False)
+        self._traced: _Program | None = None
 
     # -- construction ----------------------------------------------------------------------------
-    def _norm(self, src: Any, gain: str, n: int, *, quant: bool = True, combine: Any = None
-              ) -> _Norm:
-        dev, be = self.dev, self.be
-        gbuf = dev.upload(be.vector(gain).astype(np.float32), gain)
-        trace = dev.buffer(4 * n, f"{gain}.trace") if quant else None
-        b = combine if combine is not None else src
-        nbytes = 4 * n * (3 if combine is not None else 2)
-        out = []
-        for tr in (0, 1) if quant else (0,):
-            k = dev.kernel("norm_quant", N=n, EPS=np.float32(self.args.norm_eps),
-                           QUANT=int(quant), COMBINE=int(combine is not None), TRACE=tr)
-            grp = dev.bind(k, src, b, gbuf, be.x, trace if quant else be.xf)
-            out.append(Dispatch("norm", k, grp, (1, 1, 1), nbytes))
-        return _Norm(out[0], n, out[1] if quant else None, trace)
+    def _vec(self, name: str) -> Any:
+        return self.dev.upload(self.be.vector(name).astype(np.float32), name)
 
-    def _build(self) -> _Program:
+    def _out_scale(self, name: str) -> float:
+        s = f"{name}.scale"
+        return float(self.be.vector(s).reshape(-1)[0]) if s in self._names else 1.0
+
+    def _embed_dispatches(self) -> list[Dispatch]:
+        emb, dev = self.be.embedding, self.dev
+        k = dev.kernel("embed_step", DIM=emb.dim, DTYPE=emb.dtype)
+        out = []
+        for r0, n, buf in emb.chunks:
+            p = dev.uniform(np.array([r0, n, 0, 0], np.uint32))
+            out.append(Dispatch("embed", k, dev.bind(k, buf, p, self.state, self.h),
+                                dev.grid(-(-emb.dim // 256)), 4 * emb.dim))
+        return out
+
+    def _norm_block(self, src: Any, gain: Any, n: int, *, quant: bool, norm: bool = True,
+                    combine: Any = None, trace: Any = None, out: Any = None) -> Dispatch:
+        """One workgroup: the activation block of ``src`` into the backend's X (``quant``), or
+        the f32 RMSNorm into ``out``."""
+        dev, a = self.dev, self.args
+        k = dev.kernel("norm_block", fused_subs("", n), COLS=n, QUANT=int(quant),
+                       NORM=int(norm), COMBINE=int(combine is not None),
+                       ACT=int(a.family.activation == "silu"), EPS=np.float32(a.norm_eps),
+                       LAYOUT=0, TRACE=int(trace is not None))
+        g = dev.bind(k, src, combine if combine is not None else src,
+                     gain if gain is not None else src, self.be.x if quant else dev.scratch,
+                     out if out is not None else dev.scratch,
+                     trace if trace is not None else dev.scratch)
+        return Dispatch("norm", k, g, (1, 1, 1), 4 * n * (2 + (combine is not None)))
+
+    def _project(self, mats: list[tuple[Any, Any, float]], src: Any, gain: Any, mode: int, *,
+                 norm: bool, trace: Any, combine: Any = None) -> list[Dispatch]:
+        """The dispatches of matrices that read one input: ``mats`` = (GpuMatrix or GpuRans,
+        output binding, out scale) each; row matrices fused with the input's quantization,
+        rans matrices after one ``norm_block``."""
+        a, out = self.args, []
+        act = int(a.family.activation == "silu")
+        n = mats[0][0].cols
+        block_done = False
+        for m, y, osc in mats:
+            if isinstance(m, GpuMatrix):
+                out += m.fused_dispatches(src, gain, y, mode, norm=norm, act=act,
+                                          eps=a.norm_eps, combine=combine, trace=trace,
+                                          out_scales=[osc] * 4)
+            else:
+                if not block_done:
+                    out.append(self._norm_block(src, gain, n, quant=True, norm=norm,
+                                                combine=combine, trace=trace))
+                    block_done = True
+                out += m.dispatches(self.be.x, y, mode, (osc, 1.0))
+            trace = None  # one quantization traced per input
+        return out
+
+    def _trace_buf(self, prog: _Program, layer: int, slot: int, n: int, on: bool) -> Any:
+        if not on:
+            return None
+        buf = self.dev.buffer(4 * (4 + n + -(-n // 256) * 64), f"trace.{layer}.{slot}")
+        prog.traces.append((layer, slot, buf, n))
+        return buf
+
+    def _build(self, *, trace: bool) -> _Program:
         a, dev, be = self.args, self.dev, self.be
-        names = {e.name for e in be.model.entries}
-        hd, kvd = a.head_dim, a.n_kv_heads * a.head_dim
+        fam = a.family
+        hd, kvd, nq = a.head_dim, a.n_kv_heads * a.head_dim, a.n_heads * a.head_dim
         prog = _Program()
-        rope = dev.kernel("rope", H=a.n_heads, KVH=a.n_kv_heads, HD=hd)
-        attn = dev.kernel("attention", H=a.n_heads, KVH=a.n_kv_heads, HD=hd, ML=self.max_len,
-                          INV=np.float32(1.0 / np.sqrt(hd)))
-        n_rope = a.n_heads * hd // 2 + kvd // 2 + kvd
+        perm = int(fam.permuted_qk)
+        asub = {"QS4": str(self.gq * hd // 4), "SCN": str(self.gq * CMAX)}
+        attn = dev.kernel("attn_split", asub, H=a.n_heads, KVH=a.n_kv_heads, HD=hd,
+                          ML=self.max_len, INV=np.float32(1.0 / np.sqrt(hd)),
+                          QKN=int(fam.qk_norm), PERM=perm, EPS=np.float32(a.norm_eps),
+                          SMAX=self.smax, CMAX=CMAX)
+        merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=SPLIT, SPAR=SPAR,
+                           CMAX=CMAX)
+        merge_d = Dispatch("attention", merge, dev.bind(merge, self.part, self.state, self.o),
+                           (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 2))
+        at = len(self._embed)
         for i in range(a.n_layers):
             p = f"blk.{i}."
-            if self._progress is not None:
+            if self._progress is not None and not trace:
                 self._progress(i, a.n_layers)
-
-            def out_scale(n: str, p: str = p) -> float:
-                s = f"{p}{n}.scale"
-                return float(be.vector(s).reshape(-1)[0]) if s in names else 1.0
-
-            def mv(n: str, y: Any, mode: int, p: str = p) -> list[Dispatch]:
-                return be.weight(f"{p}{n}.weight").dispatches(be.x, y, mode, (out_scale(n), 1))
-
-            L = prog.layers
-            L.append(self._norm(self.h, f"{p}attn_norm.weight", a.dim))
-            L += mv("attn_q", self.q, 0) + mv("attn_k", self.k, 0) + mv("attn_v", self.v, 0)
-            L.append(Dispatch("rope", rope, dev.bind(rope, self.q, self.k, self.v, self.cs,
-                                                     self.kc[i], self.vc[i], self.step),
-                              dev.grid(-(-n_rope // 64)), 4 * (a.dim + 2 * kvd + hd)))
-            L.append(Dispatch("attention", attn, dev.bind(attn, self.q, self.kc[i], self.vc[i],
-                                                          self.scores, self.o, self.step),
-                              (a.n_heads, 1, 1), 4 * a.dim, 2 * 4 * kvd))
-            L.append(self._norm(self.o, f"{p}attn_sub_norm.weight", a.dim))
-            L += mv("attn_output", self.h, 1)
-            L.append(self._norm(self.h, f"{p}ffn_norm.weight", a.dim))
-            pair = be.pair(f"{p}ffn_gate.weight", f"{p}ffn_up.weight")
-            if pair is not None:
-                L += pair.dispatches(be.x, self.g, 2, (out_scale("ffn_gate"),
-                                                       out_scale("ffn_up")))
-                L.append(self._norm(self.g, f"{p}ffn_sub_norm.weight", a.hidden_dim))
+            L: list[Dispatch] = []
+            names = [f"{p}attn_{x}.weight" for x in ("q", "k", "v")]
+            tr = self._trace_buf(prog, i, 0, a.dim, trace)
+            stack = be.stacked(names)
+            if stack is not None:
+                osc = [self._out_scale(n[:-7]) for n in names]
+                L += stack.fused_dispatches(self.h, self._gain(f"{p}attn_norm.weight"),
+                                            self.qkv, 0, norm=True, eps=a.norm_eps,
+                                            trace=tr, out_scales=osc + [1.0])
             else:
-                L += mv("ffn_gate", self.g, 0) + mv("ffn_up", self.u, 0)
-                L.append(self._norm(self.g, f"{p}ffn_sub_norm.weight", a.hidden_dim,
-                                    combine=self.u))
-            L += mv("ffn_down", self.h, 1)
-        L.append(self._norm(self.h, "output_norm.weight", a.dim, quant=False))
-        prog.head = be.embedding.head_dispatches(be.xf, self.logits)
-        k = dev.kernel("argmax", N=a.vocab_size)
-        prog.argmax = Dispatch("argmax", k, dev.bind(k, self.logits, self.result), (1, 1, 1),
-                               4 * a.vocab_size)
+                offs = (0, nq, nq + kvd, nq + 2 * kvd)
+                ys = [(self.qkv, 4 * offs[j], 4 * (offs[j + 1] - offs[j])) for j in range(3)]
+                L += self._project([(be.weight(n), y, self._out_scale(n[:-7]))
+                                    for n, y in zip(names, ys, strict=True)],
+                                   self.h, self._gain(f"{p}attn_norm.weight"), 0, norm=True,
+                                   trace=tr)
+            ng = self._qk_gains(p) if fam.qk_norm else self.cs
+            prog.attention.append(at + sum(map(len, prog.layers)) + len(L))
+            L.append(Dispatch("attention", attn,
+                              dev.bind(attn, self.qkv, self.kc[i], self.vc[i], self.cs,
+                                       self.state, self.part, ng),
+                              (a.n_kv_heads, 1, 1), 4 * (nq + 2 * kvd), 2 * 4 * kvd))
+            L.append(merge_d)
+            sub = fam.sub_norms
+            tr = self._trace_buf(prog, i, 1, nq, trace)
+            L += self._project([(be.weight(f"{p}attn_output.weight"), self.h,
+                                 self._out_scale(f"{p}attn_output"))], self.o,
+                               self._gain(f"{p}attn_sub_norm.weight") if sub else None, 1,
+                               norm=sub, trace=tr)
+            tr = self._trace_buf(prog, i, 2, a.dim, trace)
+            pair = be.pair(f"{p}ffn_gate.weight", f"{p}ffn_up.weight")
+            combine = None
+            if pair is not None:
+                L += pair.fused_dispatches(self.h, self._gain(f"{p}ffn_norm.weight"), self.g, 2,
+                                           norm=True, act=int(fam.activation == "silu"),
+                                           eps=a.norm_eps, trace=tr,
+                                           out_scales=(self._out_scale(f"{p}ffn_gate"),
+                                                       self._out_scale(f"{p}ffn_up")))
+            else:
+                L += self._project([(be.weight(f"{p}ffn_gate.weight"), self.g,
+                                     self._out_scale(f"{p}ffn_gate")),
+                                    (be.weight(f"{p}ffn_up.weight"), self.u,
+                                     self._out_scale(f"{p}ffn_up"))],
+                                   self.h, self._gain(f"{p}ffn_norm.weight"), 0, norm=True,
+                                   trace=tr)
+                combine = self.u
+            tr = self._trace_buf(prog, i, 3, a.hidden_dim, trace)
+            L += self._project([(be.weight(f"{p}ffn_down.weight"), self.h,
+                                 self._out_scale(f"{p}ffn_down"))], self.g,
+                               self._gain(f"{p}ffn_sub_norm.weight") if sub else None, 1,
+                               norm=sub, trace=tr, combine=combine)
+            prog.layers.append(L)
+        prog.norm = self._norm_block(self.h, self._gain("output_norm.weight"), a.dim,
+                                     quant=False, out=be.xf)
+        npart = self.be.head.n_parts
+        if not hasattr(self, "head_parts"):
+            self.head_parts = dev.buffer(8 * npart, "head maxima")
+        prog.head = self.be.head.head_dispatches(self.be.xf, self.logits, self.head_parts)
+        for step in (0, 1):
+            k = dev.kernel("argmax_step", N=npart, STEP=step)
+            d = Dispatch("argmax", k, dev.bind(k, self.head_parts, self.result, self.state),
+                         (1, 1, 1), 8 * npart)
+            if step:
+                prog.argmax_step = d
+            else:
+                prog.argmax = d
         return prog
+
+    def _gain(self, name: str) -> Any:
+        cache = self.__dict__.setdefault("_gains", {})
+        if name not in cache:
+            cache[name] = self._vec(name)
+        return cache[name]
+
+    def _qk_gains(self, p: str) -> Any:
+        a = self.args
+        g = np.concatenate([self.be.vector(f"{p}attn_q_norm.weight").reshape(-1),
+                            self.be.vector(f"{p}attn_k_norm.weight").reshape(-1)])
+        if g.size != 2 * a.head_dim:
+            raise UnsupportedConversionError(f"{p}attn_q_norm/attn_k_norm: {g.size} gains, "
+                                             f"expected 2 x {a.head_dim}")
+        return self.dev.upload(g.astype(np.float32), f"{p}qk_norm")
+
+    # -- recording ----------------------------------------------------------------------------
+    def _program(self) -> _Program:
+        if not self.trace:
+            return self.prog
+        if self._traced is None:
+            self._traced = self._build(trace=True)
+        return self._traced
+
+    def _seq(self, length: int, *, head: bool, argmax: int) -> list[tuple]:
+        """The raw dispatches of one step attending to ``length`` positions: without the head,
+        with it (``argmax`` 0: logits only, 1: + argmax, 2: + argmax advancing the state)."""
+        prog = self._program()
+        items = [*self._embed, *(d for L in prog.layers for d in L)]
+        seq = [d.raw for d in items]
+        s = splits(length)
+        for i in prog.attention:
+            p, g, x, _, z = seq[i]
+            seq[i] = (p, g, x, s, z)
+        seq.append(prog.norm.raw)
+        if head:
+            seq += [d.raw for d in prog.head]
+            if argmax:
+                seq.append((prog.argmax_step if argmax == 2 else prog.argmax).raw)
+        return seq
+
+    def _submit(self, token: int | None, pos: int, *, head: bool, argmax: int,
+                copies: Sequence[tuple] = ()) -> None:
+        """Record and submit one step at ``pos``; ``token`` None: the state already holds it
+        (the previous step's argmax)."""
+        t0 = time.perf_counter()
+        if token is not None:
+            self.dev.write(self.state, np.array([token, pos, pos + 1, 0], np.uint32))
+        cb = self.dev.encode_raw(self._seq(pos + 1, head=head, argmax=argmax), copies)
+        self.dev.queue.submit([cb])
+        self.host_seconds += time.perf_counter() - t0
+        self.host_steps += 1
+        if self.trace:
+            self.dev.wait()
+            self.trace_log.append(self._read_trace())
+
+    def _read_trace(self) -> list[TraceEntry]:
+        out = []
+        for layer, slot, buf, n in self._program().traces:
+            t = np.frombuffer(self.dev.read(buf, 4 * (4 + n + -(-n // 4))), np.uint32)
+            y = t[4: 4 + n].view(np.float32).copy()
+            q = t[4 + n:].view(np.int8)[:n].copy()
+            out.append(TraceEntry(layer, slot, y, q, float(t[:1].view(np.float32)[0])))
+        return out
 
     # -- running --------------------------------------------------------------------------------
     def new_cache(self, max_len: int) -> GpuKVCache:
@@ -203,24 +389,6 @@ class WgpuBitNet:
                                "this GPU KV cache holds (load with a larger "
                                "context)")
         return GpuKVCache(self, max_len)
-
-    def _items(self, token: int, *, head: bool, argmax: bool) -> list[Any]:
-        chunk, _ = self.be.embedding.locate(token)
-        items: list[Any] = [self._embed[chunk]]
-        for it in self.prog.layers:
-            if isinstance(it, _Norm):
-                items.append(it.traced if self.trace and it.traced else it.dispatch)
-                if self.trace and it.trace is not None:
-                    if it.x_copy is None:
-                        it.x_copy = self.dev.buffer(4 * UNIFORM_WORDS, "trace.x")
-                    items.append((self.be.x, 0, it.x_copy, 0, 4 * UNIFORM_WORDS))
-            else:
-                items.append(it)
-        if head:
-            items += self.prog.head
-            if argmax:
-                items.append(self.prog.argmax)
-        return items
 
     def _check(self, tokens: Sequence[int], cache: GpuKVCache) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
@@ -239,55 +407,79 @@ class WgpuBitNet:
         self._owner = cache
         return ids
 
-    def _submit(self, token: int, pos: int, *, head: bool, argmax: bool,
-                copy_logits: bool) -> None:
-        _, row = self.be.embedding.locate(token)
-        self.dev.write(self.step, np.array([row, pos, pos + 1, 0], np.uint32))
-        copies = []
-        if copy_logits:
-            copies.append((self.logits, 0, self.logits_stage, 0, 4 * self.args.vocab_size))
-        if argmax:
-            copies.append((self.result, 0, self.result_stage, 0, 8))
-        self.dev.run(self._items(token, head=head, argmax=argmax), copies, wait=False)
-        if self.trace:
-            self.dev.wait()
-            self.trace_log.append(self._read_trace())
-
-    def _read_trace(self) -> list[TraceEntry]:
-        out = []
-        norms = [it for it in self.prog.layers if isinstance(it, _Norm) and it.trace is not None]
-        for i, it in enumerate(norms):
-            x = np.frombuffer(self.dev.read(it.x_copy), np.uint32)
-            y = np.frombuffer(self.dev.read(it.trace, 4 * it.n), np.float32).copy()
-            q = x[256:].view(np.int8)[: it.n].copy()
-            out.append(TraceEntry(i // 4, i % 4, y, q, float(x[:1].view(np.float32)[0])))
-        return out
+    def _prefix(self, ids: np.ndarray, cache: GpuKVCache) -> None:
+        """Run every token but the last (no head)."""
+        self._pending = None
+        for i, tok in enumerate(ids[:-1]):
+            self._submit(int(tok), cache.length + i, head=False, argmax=0)
 
     def forward(self, tokens: Sequence[int], cache: GpuKVCache, *,
                 all_logits: bool = False) -> np.ndarray:
         """Run ``tokens`` after the cache's positions; logits [T or 1, vocab] (float32)."""
         ids = self._check(tokens, cache)
+        self._pending = None
         rows = []
         t0 = time.perf_counter()
+        nbytes = 4 * self.args.vocab_size
         for i, tok in enumerate(ids):
             want = all_logits or i == ids.size - 1
-            self._submit(int(tok), cache.length + i, head=want, argmax=False, copy_logits=want)
+            self._submit(int(tok), cache.length + i, head=want, argmax=0,
+                         copies=[(self.logits, 0, self.logits_stage, 0, nbytes)] if want else ())
             if want:
-                raw = self.dev.map_read(self.logits_stage, 4 * self.args.vocab_size)
-                rows.append(np.frombuffer(raw, np.float32).copy())
+                rows.append(np.frombuffer(self.dev.map_read(self.logits_stage, nbytes),
+                                          np.float32).copy())
         cache.length += ids.size
         self.last_step_seconds = time.perf_counter() - t0
         return np.stack(rows)
+
+    def _slot(self) -> int:
+        self._ring_at = (self._ring_at + 1) % RING
+        return self._ring_at
+
+    def _read_slot(self, slot: int) -> int:
+        return int(np.frombuffer(self.dev.map_read(self.ring[slot], 4), np.uint32)[0])
 
     def forward_argmax(self, tokens: Sequence[int], cache: GpuKVCache) -> int:
         """Run ``tokens``; the argmax of the last logits, computed on the GPU (4 bytes back)."""
         ids = self._check(tokens, cache)
         t0 = time.perf_counter()
-        for i, tok in enumerate(ids):
-            last = i == ids.size - 1
-            self._submit(int(tok), cache.length + i, head=last, argmax=last, copy_logits=False)
-        token = int(np.frombuffer(self.dev.map_read(self.result_stage, 4), np.uint32)[0])
+        self._prefix(ids, cache)
+        slot = self._slot()
+        self._submit(int(ids[-1]), cache.length + ids.size - 1, head=True, argmax=1,
+                     copies=[(self.result, 0, self.ring[slot], 0, 8)])
+        token = self._read_slot(slot)
         cache.length += ids.size
+        self.last_step_seconds = time.perf_counter() - t0
+        return token
+
+    def greedy(self, tokens: Sequence[int], cache: GpuKVCache) -> int:
+        """``forward_argmax`` that keeps the next step in flight: after returning token t it
+        has already submitted the step that embeds t (from the device's own state), so the
+        host records step t + 1 while the GPU runs step t. A call whose token and cache match
+        that step just collects it; any other call runs from scratch (the step in flight only
+        wrote positions at or past the cache's length, which this call writes again)."""
+        ids = self._check(tokens, cache)
+        t0 = time.perf_counter()
+        pend = self._pending
+        if (pend is not None and ids.size == 1 and pend.cache is cache
+                and pend.pos == cache.length and pend.token == int(ids[0])):
+            cur = pend
+        else:
+            self._prefix(ids, cache)
+            pos = cache.length + ids.size - 1
+            cur = _Pending(cache, pos, self._slot())
+            self._submit(int(ids[-1]), pos, head=True, argmax=2,
+                         copies=[(self.result, 0, self.ring[cur.slot], 0, 8)])
+        self._pending = None
+        if cur.pos + 1 < cache.max_len:
+            nxt = _Pending(cache, cur.pos + 1, self._slot())
+            self._submit(None, nxt.pos, head=True, argmax=2,
+                         copies=[(self.result, 0, self.ring[nxt.slot], 0, 8)])
+            self._pending = nxt
+        token = self._read_slot(cur.slot)
+        if self._pending is not None:
+            self._pending.token = token
+        cache.length = cur.pos + 1
         self.last_step_seconds = time.perf_counter() - t0
         return token
 
@@ -301,22 +493,22 @@ class WgpuBitNet:
         tokens, cache = segments[0].tokens, segments[0].cache
         ids = self._check(tokens, cache)
         t0 = time.perf_counter()
-        for i, tok in enumerate(ids):
-            self._submit(int(tok), cache.length + i, head=False, argmax=False,
-                         copy_logits=False)
+        self._prefix(ids, cache)
+        self._submit(int(ids[-1]), cache.length + ids.size - 1, head=False, argmax=0)
         x = np.frombuffer(self.dev.read(self.be.xf, 4 * self.args.dim), np.float32)
         cache.length += ids.size
         self.last_step_seconds = time.perf_counter() - t0
         return x.reshape(1, -1).copy()
 
     def decode(self, segments: Sequence[Any], samplers: Sequence[Sampler]) -> list[int]:
-        """:meth:`~..models.bitnet.BitNet.decode` for one sequence (the GPU holds one KV cache).
+        """:meth:`~..models.base.Transformer.decode` for one sequence (the GPU holds one KV
+        cache).
 
         The screened head (``head.mode``, docs/exact-head.md) reads the final hidden state
         back and chooses with :class:`..exact_head.Head` (the int8 screen and the candidate
         rows run on the device). The full head runs on the device in the step's command
         buffer: greedy choices without a repetition penalty take the argmax on the GPU (4
-        bytes back), others read the logits."""
+        bytes back, the next step already in flight: :meth:`greedy`), others read the logits."""
         if len(segments) != 1:
             raise RequestError("the wgpu backend runs one sequence at a time")
         seg, sampler = segments[0], samplers[0]
@@ -330,60 +522,79 @@ class WgpuBitNet:
         if head.unavailable:
             st.fallbacks[head.unavailable] += 1
         if sampler.params.greedy and sampler.penalized_ids().size == 0:
-            return [self.forward_argmax(seg.tokens, seg.cache)]
+            return [self.greedy(seg.tokens, seg.cache)]
         return [sampler.pick(self.forward(seg.tokens, seg.cache)[-1])]
 
     def generate_greedy(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-        """Greedy tokens after ``prompt``, argmax on the GPU (the path generate_step can take)."""
+        """Greedy tokens after ``prompt``, argmax on the GPU, one step in flight ahead."""
         cache = self.new_cache(len(prompt) + max_new_tokens)
-        out = [self.forward_argmax(prompt, cache)]
+        out = [self.greedy(prompt, cache)]
         while len(out) < max_new_tokens:
-            out.append(self.forward_argmax([out[-1]], cache))
+            out.append(self.greedy([out[-1]], cache))
         return out
 
     # -- timing -----------------------------------------------------------------------------------
+    @property
+    def dispatches_per_token(self) -> int:
+        """Dispatches of one greedy decode step (embedding chunks included)."""
+        return len(self._seq(1, head=True, argmax=2))
+
     def profile(self, length: int = 1, token: int = 0, repeats: int = 3) -> dict[str, Any]:
         """Per kernel class: dispatches, seconds, bytes read and GB/s of one decode step.
 
         Runs the step at position ``length - 1`` (attending to ``length`` positions), which
         overwrites that cache position: the GPU forgets the current sequence. The kernel times
         are the median of ``repeats`` profiled runs (GPU timestamps where the adapter has them,
-        else host timing of each dispatch alone); ``token_seconds`` is the median wall time of
-        the same step run normally (one submit, argmax read back).
+        each dispatch in its own pass; else host timing of each dispatch alone);
+        ``pass_seconds`` is the whole step in one compute pass between two timestamps (the
+        GPU time of a step as decoding runs it; None without timestamps); ``token_seconds`` is
+        the median wall time of the same step run normally (one submit, argmax read back).
         """
         if not 1 <= length <= self.max_len:
             raise RequestError(f"length must be in 1..{self.max_len}")
-        self._owner = None
-        _, row = self.be.embedding.locate(token)
-        self.dev.write(self.step, np.array([row, length - 1, length, 0], np.uint32))
+        self._owner, self._pending = None, None
+        self.dev.write(self.state, np.array([token, length - 1, length, 0], np.uint32))
         trace, self.trace = self.trace, False
         try:
-            items = [d for d in self._items(token, head=True, argmax=True)
-                     if isinstance(d, Dispatch)]
+            prog = self.prog
+            items = [*self._embed, *(d for L in prog.layers for d in L), prog.norm,
+                     *prog.head, prog.argmax]
+            s = splits(length)
+            for i in prog.attention:
+                d = items[i]
+                items[i] = Dispatch(d.kind, d.kernel, d.group, (d.grid[0], s, 1), d.nbytes,
+                                    d.nbytes_per_pos)
             runs = [self.dev.profile(items) for _ in range(max(1, repeats))]
+            seq = self._seq(length, head=True, argmax=1)
+            pass_s = self.dev.pass_seconds(seq, repeats)
             walls = []
             for _ in range(max(1, repeats)):
                 t0 = time.perf_counter()
-                self._submit(token, length - 1, head=True, argmax=True, copy_logits=False)
-                self.dev.map_read(self.result_stage, 4)
+                slot = self._slot()
+                self._submit(token, length - 1, head=True, argmax=1,
+                             copies=[(self.result, 0, self.ring[slot], 0, 8)])
+                self._read_slot(slot)
                 walls.append(time.perf_counter() - t0)
         finally:
             self.trace = trace
             self._owner = None
         secs = np.median(np.array([r[0] for r in runs]), axis=0)
         kinds: dict[str, dict[str, float]] = {}
-        for d, s in zip(items, secs, strict=True):
+        for d, sec in zip(items, secs, strict=True):
             k = kinds.setdefault(d.kind, {"dispatches": 0, "seconds": 0.0, "bytes": 0})
             k["dispatches"] += 1
-            k["seconds"] += float(s)
+            k["seconds"] += float(sec)
             k["bytes"] += d.nbytes + d.nbytes_per_pos * length
         for k in kinds.values():
             k["gbps"] = k["bytes"] / k["seconds"] / 1e9 if k["seconds"] else 0.0
         return {"device": self.dev.name, "clock": runs[0][1], "length": length,
-                "kinds": kinds, "gpu_seconds": float(secs.sum()),
+                "kinds": kinds, "gpu_seconds": float(secs.sum()), "pass_seconds": pass_s,
+                "dispatches": len(items),
                 "token_seconds": float(np.median(walls)),
                 "weight_bytes": int(sum(k["bytes"] for n, k in kinds.items()
                                         if n.startswith("matvec") or n == "lm_head"))}
 
 
-__all__ = ["GpuKVCache", "TraceEntry", "WgpuBitNet"]
+WgpuNetwork = WgpuBitNet
+
+__all__ = ["GpuKVCache", "TraceEntry", "WgpuBitNet", "WgpuNetwork", "splits"]

@@ -43,7 +43,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     let lane = li % LANES;
     var part = 0.0;
     if (r < ROWS) {
-        part = row_part(r, lane);
+        part = row_part(r, lane, LANES);
     }
     let acc = lane_total(part, li, lane);
     if (lane == 0u && r < ROWS) {

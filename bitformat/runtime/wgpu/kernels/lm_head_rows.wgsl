@@ -37,7 +37,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     let lane = li % LANES;
     var part = 0.0;
     if (i < P.n) {
-        part = row_part(IDS[P.first + i] - P.row0, lane);
+        part = row_part(IDS[P.first + i] - P.row0, lane, LANES);
     }
     let acc = lane_total(part, li, lane);
     if (lane == 0u && i < P.n) {

@@ -1,0 +1,170 @@
+// attn_split.wgsl: one layer's decode attention, split over the cached positions
+// (flash-decoding): workgroup (g, s) takes KV head g and the s-th of S = num_workgroups.y runs
+// of positions, for all GQ = H / KVH query heads that share that KV head, so each K and V row
+// is read once per group. It writes per query head and split the running maximum m, the sum l
+// of exp(score - m) and the unnormalized output o = sum exp(score - m) v; attn_merge.wgsl
+// combines the splits.
+//
+// Before that it prepares the step's own q and k: (QKN = 1, Qwen3) RMSNorm over each head with
+// the q_norm / k_norm gains, then rotate-half RoPE at position S.pos from the host's cos/sin
+// table; the workgroup whose run holds the position writes the new key and value to the
+// cache. PERM = 1 (llama files, q/k rows in llama.cpp's interleaved order): HF element j of a
+// head is read from row 2 (j mod d/2) + j div (d/2), which is the same attention.
+//
+//     score_j = q . k_j * INV     (INV = float32(1 / sqrt(HD)))
+//
+// Bindings (group 0):
+//   0  storage, read        QKV: array<f32>   q [H * HD], k [KVH * HD], v [KVH * HD]
+//   1  storage, read_write  KC: array<vec4<f32>>  layer K cache [ML, KVH, HD]
+//   2  storage, read_write  VC: array<f32>    layer V cache [ML, KVH, HD]
+//   3  storage, read        CS: array<f32>    [ML, HD]: per position cos[HD/2] then sin[HD/2]
+//   4  storage, read        ST: array<u32>    the step state: token, pos, len (embed_step.wgsl)
+//   5  storage, read_write  PART: array<f32>  [H, SMAX, HD + 2]: m, l, o[HD]
+//   6  storage, read        NG: array<f32>    QKN = 1: q_norm gains [HD], k_norm gains [HD]
+// Overrides: H, KVH, HD (a multiple of 4), ML, INV, QKN, PERM, EPS, SMAX, CMAX (the most
+// positions of one split: S is chosen so that ceil(len / S) <= CMAX, see attn_merge.wgsl).
+// Workgroup arrays: QS4 = GQ * HD / 4 vec4s, SCN = GQ * CMAX floats. Needs subgroups.
+
+override H: u32;
+override KVH: u32;
+override HD: u32;
+override ML: u32;
+override INV: f32;
+override QKN: u32 = 0u;
+override PERM: u32 = 0u;
+override EPS: f32 = 1e-6;
+override SMAX: u32;
+override CMAX: u32 = 256u;
+
+const WGS: u32 = 256u;
+
+@group(0) @binding(0) var<storage, read> QKV: array<f32>;
+@group(0) @binding(1) var<storage, read_write> KC: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> VC: array<f32>;
+@group(0) @binding(3) var<storage, read> CS: array<f32>;
+@group(0) @binding(4) var<storage, read> ST: array<u32>;
+@group(0) @binding(5) var<storage, read_write> PART: array<f32>;
+@group(0) @binding(6) var<storage, read> NG: array<f32>;
+
+var<workgroup> qs: array<vec4<f32>, QS4>;
+var<workgroup> sc: array<f32, SCN>;
+var<workgroup> ml: array<vec2<f32>, 64>;
+
+// where HF element j of a head is stored
+fn ix(j: u32) -> u32 {
+    if (PERM == 1u) {
+        let half = HD / 2u;
+        return 2u * (j % half) + j / half;
+    }
+    return j;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nw: vec3<u32>, @builtin(subgroup_size) sgs: u32,
+        @builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_id) sid: u32,
+        @builtin(num_subgroups) ns: u32) {
+    let gq = H / KVH;
+    let g = wid.x;
+    let s = wid.y;
+    let pos = ST[1];
+    let len = ST[2];
+    let run = (len + nw.y - 1u) / nw.y;
+    let j0 = min(s * run, len);
+    let n = min(len, j0 + run) - j0;
+    let kvd = KVH * HD;
+    let half = HD / 2u;
+    let mine = pos >= j0 && pos < j0 + n;
+
+    // q of the group's heads (and the new key, in the run that holds it): norm, RoPE
+    let nh = gq + select(0u, 1u, mine);
+    for (var hh = sid; hh < nh; hh += ns) {
+        var src = (g * gq + hh) * HD;
+        var goff = 0u;
+        if (hh == gq) {
+            src = H * HD + g * HD;
+            goff = HD;
+        }
+        var r = 1.0;
+        if (QKN == 1u) {
+            var ss = 0.0;
+            for (var i = sl; i < HD; i += sgs) {
+                let x = QKV[src + i];
+                ss += x * x;
+            }
+            r = sqrt(subgroupAdd(ss) / f32(HD) + EPS);
+        }
+        for (var i = sl; i < half; i += sgs) {
+            var x1 = QKV[src + ix(i)];
+            var x2 = QKV[src + ix(i + half)];
+            if (QKN == 1u) {
+                x1 = x1 / r * NG[goff + i];
+                x2 = x2 / r * NG[goff + i + half];
+            }
+            let c = CS[pos * HD + i];
+            let sn = CS[pos * HD + half + i];
+            let o1 = x1 * c - x2 * sn;
+            let o2 = x2 * c + x1 * sn;
+            if (hh < gq) {
+                let b = hh * HD;
+                qs[(b + i) / 4u][(b + i) % 4u] = o1;
+                qs[(b + i + half) / 4u][(b + i + half) % 4u] = o2;
+            } else {
+                let b = pos * kvd + g * HD;
+                KC[(b + i) / 4u][(b + i) % 4u] = o1;
+                KC[(b + i + half) / 4u][(b + i + half) % 4u] = o2;
+            }
+        }
+    }
+    if (mine) {
+        for (var d = li; d < HD; d += WGS) {
+            VC[pos * kvd + g * HD + d] = QKV[H * HD + kvd + g * HD + d];
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+
+    // scores of the run, their maximum and the sum of exp(score - max), per query head
+    for (var hh = sid; hh < gq; hh += ns) {
+        var lmax = -3.4028234663852886e38;
+        for (var j = sl; j < n; j += sgs) {
+            let kb = ((j0 + j) * kvd + g * HD) / 4u;
+            let qb = hh * HD / 4u;
+            var dt = 0.0;
+            for (var d = 0u; d < HD / 4u; d++) {
+                dt += dot(qs[qb + d], KC[kb + d]);
+            }
+            let sv = dt * INV;
+            sc[hh * CMAX + j] = sv;
+            lmax = max(lmax, sv);
+        }
+        let m = subgroupMax(lmax);
+        var lsum = 0.0;
+        for (var j = sl; j < n; j += sgs) {
+            let p = exp(sc[hh * CMAX + j] - m);
+            sc[hh * CMAX + j] = p;
+            lsum += p;
+        }
+        let l = subgroupAdd(lsum);
+        if (sl == 0u) {
+            ml[hh] = vec2<f32>(m, l);
+        }
+    }
+    workgroupBarrier();
+
+    // o = sum_j p_j v_j over the run, per query head and dimension
+    for (var i = li; i < gq * HD; i += WGS) {
+        let hh = i / HD;
+        let d = i % HD;
+        var acc = 0.0;
+        for (var j = 0u; j < n; j++) {
+            acc += sc[hh * CMAX + j] * VC[(j0 + j) * kvd + g * HD + d];
+        }
+        let base = ((g * gq + hh) * SMAX + s) * (HD + 2u);
+        PART[base + 2u + d] = acc;
+        if (d == 0u) {
+            PART[base] = ml[hh].x;
+            PART[base + 1u] = ml[hh].y;
+        }
+    }
+}

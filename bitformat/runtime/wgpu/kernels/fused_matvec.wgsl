@@ -1,0 +1,119 @@
+// fused_matvec.wgsl: one projection of the decode step in one dispatch. Every workgroup
+// normalizes and quantizes the input vector itself (quant_prologue.wgsl: RMSNorm or plain
+// absmax, int8, into workgroup memory), then computes its rows' dot products with the format's
+// code (rows_<format>.wgsl, pasted as ROWS_INCLUDE), LPR lanes of a subgroup per row, reduced
+// by subgroup shuffles, and finishes each row:
+//
+//     v_r = row_value(row_dot(r)) * scale(r) * out_scale(r)
+//     MODE 0: Y[r] = v_r        MODE 1: Y[r] = Y[r] + v_r (the residual)
+//     MODE 2: Y[r] = act(v_gate_r) * v_up_r    (gate rows, then up rows from word P.bound.w)
+//
+// scale(r): the rows may be several matrices stacked (q, k, v: one dispatch): rows below
+// P.bound.x take P.scale.x, below P.bound.y P.scale.y, the rest P.scale.z (MODE 2: gate .x,
+// up .w); P.oscale likewise (the optional `.scale` tensors of upstream bitnet files).
+//
+// Bindings (group 0):
+//   0  storage, read        A: array<f32>   the input x [COLS] (COMBINE = 1: gate outputs)
+//   1  storage, read        U: array<f32>   COMBINE = 1: up outputs [COLS]; else unused
+//   2  storage, read        G: array<f32>   RMSNorm gains [COLS] (NORM = 1)
+//   3  uniform              P: FParams
+//   4  storage, read_write  Y: array<f32>   output, rows P.bound.z .. (a chunk's first row)
+//   5  storage, read_write  T: array<u32>   TRACE = 1: the quantization (quant_prologue.wgsl)
+//   6  storage, read        W: the rows (rows_<format>.wgsl)
+// Overrides: ROWS (rows of this dispatch), COLS, MODE, ACT, NORM, COMBINE, EPS, LAYOUT (0 plain,
+// 1 slot16 activations), RPW (rows per workgroup), LPR (lanes per row, a power of two; fewer
+// if the subgroup is smaller), TRACE, and the format's own (BLK for i2_s).
+//
+// Workgroups of WGS = 256 invocations; the rows of workgroup w are w * RPW .. + RPW - 1, taken
+// by the subgroups sgs / LPR at a time. Needs the `subgroup` feature (any order of the lanes'
+// partial sums is exact: they are integers below 2^24, or for tq formats the f32 sums of
+// d-scaled integers that the op-by-op kernel adds in another order too).
+
+override ROWS: u32;
+override COLS: u32;
+override MODE: u32 = 0u;
+override ACT: u32 = 0u;
+override NORM: u32 = 1u;
+override COMBINE: u32 = 0u;
+override EPS: f32 = 1e-5;
+override LAYOUT: u32 = 0u;
+override RPW: u32 = 8u;
+override LPR: u32 = 32u;
+override TRACE: u32 = 0u;
+override BLK: u32 = 128u;
+
+struct FParams {
+    scale: vec4<f32>,
+    oscale: vec4<f32>,
+    bound: vec4<u32>,
+}
+
+@group(0) @binding(0) var<storage, read> A: array<f32>;
+@group(0) @binding(1) var<storage, read> U: array<f32>;
+@group(0) @binding(2) var<storage, read> G: array<f32>;
+@group(0) @binding(3) var<uniform> P: FParams;
+@group(0) @binding(4) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(5) var<storage, read_write> T: array<u32>;
+
+var<workgroup> X: array<vec4<u32>, XV4>;
+
+//#include quant_prologue.wgsl
+//#include act_block.wgsl
+//#include ROWS_INCLUDE
+
+fn seg_scale(o: u32) -> vec2<f32> {
+    if (o < P.bound.x) {
+        return vec2<f32>(P.scale.x, P.oscale.x);
+    }
+    if (o < P.bound.y) {
+        return vec2<f32>(P.scale.y, P.oscale.y);
+    }
+    return vec2<f32>(P.scale.z, P.oscale.z);
+}
+
+fn store(r: u32, acc: vec2<f32>) {
+    let o = P.bound.z + r;
+    if (MODE == 2u) {
+        let gate = row_value(acc.x) * P.scale.x * P.oscale.x;
+        let up = row_value(acc.y) * P.scale.w * P.oscale.w;
+        Y[o] = act(gate) * up;
+        return;
+    }
+    let sc = seg_scale(o);
+    let v = row_value(acc.x) * sc.x * sc.y;
+    if (MODE == 0u) {
+        Y[o] = v;
+    } else {
+        Y[o] = Y[o] + v;
+    }
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid3: vec3<u32>,
+        @builtin(num_workgroups) nw: vec3<u32>, @builtin(subgroup_size) sgs: u32,
+        @builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_id) sid: u32,
+        @builtin(num_subgroups) ns: u32) {
+    let wid = wid3.x + wid3.y * nw.x;
+    quant_prologue(li, wid, sl, sid, ns);
+    let lpr = min(LPR, sgs);
+    let rps = sgs / lpr;  // rows a subgroup takes at once
+    let lane = sl % lpr;
+    for (var k0 = sid * rps; k0 < RPW; k0 += ns * rps) {
+        let k = k0 + sl / lpr;
+        let r = wid * RPW + k;
+        let live = k < RPW && r < ROWS;
+        var acc = vec2<f32>(0.0, 0.0);
+        if (live) {
+            acc.x = row_dot(0u, r, lane, lpr);
+            if (MODE == 2u) {
+                acc.y = row_dot(P.bound.w, r, lane, lpr);
+            }
+        }
+        for (var o = lpr / 2u; o > 0u; o >>= 1u) {
+            acc += vec2<f32>(subgroupShuffleXor(acc.x, o), subgroupShuffleXor(acc.y, o));
+        }
+        if (live && lane == 0u) {
+            store(r, acc);
+        }
+    }
+}
