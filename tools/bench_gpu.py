@@ -119,6 +119,41 @@ def check_tiny(a) -> int:
     return bad
 
 
+def containers(a) -> dict:
+    """Decode speed and one profiled step of MODEL converted into each container."""
+    import bitformat
+    from bitformat.container import convert
+
+    out = {}
+    sub = argparse.Namespace(**{**vars(a), "rounds": 2, "tokens": min(a.tokens, 64),
+                                "prefill": 0, "no_screened": True})
+    for key in a.containers.split(","):
+        fid, _, decode = key.partition(":")
+        path = Path(f"/tmp/bench-gpu.{fid}.gguf")
+        t0 = time.perf_counter()
+        if not path.exists():
+            convert(a.model, path, fid)
+        conv = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with bitformat.load(path, backend="wgpu", head="full", validate=False,
+                            decode=decode or "load") as m:
+            load_s = time.perf_counter() - t0
+            m.warmup()
+            r = measure(m, sub)
+            r.update(convert_s=conv, load_s=load_s, file_bytes=path.stat().st_size,
+                     weight_bytes_per_token=m.weight_bytes_per_token)
+        out[key] = r
+        p = r["profile"]
+        mv = sum(v["ms"] for k, v in p["kinds"].items() if k.startswith(("matvec", "rans")))
+        mb = sum(v["mb"] for k, v in p["kinds"].items() if k.startswith(("matvec", "rans")))
+        print(f"[container {key}] {r['full']['tok_s']:.1f} tok/s, weights "
+              f"{r['weight_bytes_per_token'] / 1e6:.1f} MB/token, step one pass "
+              f"{(p.get('pass_seconds') or 0) * 1e3:.3f} ms, ternary {mv:.3f} ms "
+              f"({mb / mv if mv else 0:.0f} GB/s), tokens {r['full']['tokens'][:8]}, convert "
+              f"{conv:.1f} s", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?")
@@ -130,6 +165,9 @@ def main() -> None:
     ap.add_argument("--tuning", default="", help="';'-separated GpuDevice.tuning updates")
     ap.add_argument("--no-screened", action="store_true")
     ap.add_argument("--check-tiny", action="store_true")
+    ap.add_argument("--containers", default="",
+                    help="comma-separated containers (rans:fused for the fused rANS kernels) to "
+                         "convert MODEL into and time too (2 rounds, no screened head/prefill)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.check_tiny:
@@ -173,6 +211,10 @@ def main() -> None:
               f"ms (per-dispatch passes), one pass {p.get('pass_seconds')}, wall "
               f"{p['token_seconds'] * 1e3:.3f} ms; {kinds}; other CPU "
               f"{r['host_cpu_busy_cores']:.2f} cores", flush=True)
+    res["containers"] = {}
+    if a.containers:
+        m.close()
+        res["containers"] = containers(a)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1, default=float))
 

@@ -25,7 +25,8 @@ log="$out/gpu_check.log"
     PYTHONPATH="$PWD/.base:/tmp/site" timeout 240 python3 tools/bench_gpu.py /tmp/2b4t.gguf \
       --label before --json "$out/before.json" ${BENCH_ARGS:-}
   fi
-  timeout 300 python3 tools/bench_gpu.py /tmp/2b4t.gguf --label after \
+  timeout 420 python3 tools/bench_gpu.py /tmp/2b4t.gguf --label after \
+    --containers "${BENCH_CONTAINERS:-}" \
     --tuning "${BITFORMAT_GPU_TUNING:-}" --json "$out/after.json" ${BENCH_ARGS:-}
   timeout 150 python3 tools/bench_gpu.py --check-tiny
   echo "total: $(( $(date +%s) - t0 )) s"

@@ -193,12 +193,14 @@ class GpuMatrix:
 
     def fused_dispatches(self, src: Any, gain: Any, y: Any, mode: int, *, norm: bool,
                          act: int = 0, eps: float = 1e-5, combine: Any = None,
-                         trace: Any = None, out_scales: Sequence[float] = (1.0, 1.0, 1.0, 1.0)
-                         ) -> list[Dispatch]:
+                         trace: Any = None, out_scales: Sequence[float] = (1.0, 1.0, 1.0, 1.0),
+                         ys: int = 0) -> list[Dispatch]:
         """``fused_matvec.wgsl`` over every chunk: quantize ``src`` (RMSNorm with ``gain`` if
         ``norm``; ``act(src) * combine`` first if ``combine``) in every workgroup, then
         ``y (op)= W q / s * scale`` (``mode`` 0 store, 1 add, 2 ``act(gate) * up``).
-        ``out_scales``: per segment (MODE 2: gate, up) the optional ``.scale`` tensors."""
+        ``out_scales``: per segment (MODE 2: gate, up) the optional ``.scale`` tensors.
+        ``ys`` > 0: the batched-prefill variant (grid z = token, outputs ``ys`` floats apart;
+        the caller sets z when recording)."""
         dev = self.dev
         lpr, rpw = dev.fused_shape(self.encoding)
         subs = fused_subs(self.encoding, self.cols)
@@ -213,7 +215,8 @@ class GpuMatrix:
             k = dev.kernel("fused_matvec", subs, ROWS=c.rows, COLS=self.cols, MODE=mode,
                            ACT=act, NORM=int(norm), COMBINE=int(combine is not None),
                            EPS=np.float32(eps), LAYOUT=FUSED_LAYOUT[self.encoding], RPW=rpw,
-                           LPR=lpr, TRACE=int(trace is not None), **self.mats[0].constants)
+                           LPR=lpr, TRACE=int(trace is not None), YS=ys,
+                           **self.mats[0].constants)
             p = dev.uniform(fparams(scales, oscales, bounds, c.row0, c.base2, up))
             g = dev.bind(k, src, combine if combine is not None else src,
                          gain if gain is not None else src, p, y,
@@ -529,6 +532,9 @@ class WgpuBackend(Backend):
         """Matrices that read the same input (q, k and v) as one: their rows one after the
         other, each keeping its scale, for one fused dispatch (None where one has no row kernel
         or their kernels differ)."""
+        key = ("stack", tuple(names))
+        if key in self._cache:
+            return self._cache[key]
         if self.decode == "fused" and any(self.model.entry(n).encoding == "rans"
                                           for n in names):
             return None
@@ -543,11 +549,17 @@ class WgpuBackend(Backend):
             end += m.rows
             segments.append((end, m.scale, 1.0))
         rows = np.concatenate([np.asarray(m.data) for m in mats])
-        return GpuMatrix(self.dev, [RowMatrix("+".join(names), m0.encoding, end, m0.cols, rows,
-                                              m0.scale, m0.constants)], segments)
+        self._cache[key] = GpuMatrix(self.dev, [RowMatrix("+".join(names), m0.encoding, end,
+                                                          m0.cols, rows, m0.scale,
+                                                          m0.constants)], segments)
+        return self._cache[key]
 
     def pair(self, gate: str, up: str) -> GpuMatrix | None:
-        """gate and up fused into one upload for ``MODE 2`` (None if their kernels differ)."""
+        """gate and up fused into one upload for ``MODE 2`` (None if their kernels differ;
+        cached)."""
+        key = ("pair", gate, up)
+        if key in self._cache:
+            return self._cache[key]
         if self.decode == "fused" and any(self.model.entry(n).encoding == "rans"
                                           for n in (gate, up)):
             return None
@@ -556,7 +568,8 @@ class WgpuBackend(Backend):
                                                           b.constants):
             return None
         self._check_width(a.cols, gate)
-        return GpuMatrix(self.dev, [a, b])
+        self._cache[key] = GpuMatrix(self.dev, [a, b])
+        return self._cache[key]
 
     # -- the Backend protocol, op by op ------------------------------------------------------------
     def _out(self, n: int) -> Any:

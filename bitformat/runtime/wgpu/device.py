@@ -65,6 +65,7 @@ BINDINGS: dict[str, tuple[str, ...]] = {
     "norm_block": ("read", "read", "read", "storage", "storage", "storage"),
     "attn_split": ("read", "storage", "storage", "read", "read", "storage", "read"),
     "attn_merge": ("read", "read", "storage"),
+    "kv_write": ("read", "storage", "storage", "read", "read", "read"),
     "embed_step": ("read", "uniform", "read", "storage"),
     "lm_head_step": ("read", "read", "uniform", "storage", "storage"),
     "lm_head_rows_step": ("read", "read", "uniform", "storage", "read"),
@@ -397,23 +398,30 @@ class GpuDevice:
         then ``copies``. The dispatches are recorded by calling wgpu-native's functions
         directly (the cffi library wgpu-py wraps): about half of wgpu-py's host time per
         dispatch (tools/gpu_probe.py; wgpu-core's own validation remains). Errors surface at
-        ``finish`` as with wgpu-py's calls."""
-        enc = self.device.create_command_encoder()
-        cp = enc.begin_compute_pass()
+        ``finish`` as with wgpu-py's calls. :meth:`encode_parts` records several passes."""
+        return self.encode_parts([list(seq), *copies])
+
+    def encode_parts(self, parts: Sequence[Any]) -> Any:
+        """One command buffer of ``parts``, each a list of raw dispatch tuples (one compute
+        pass) or a buffer copy ``(src, src_offset, dst, dst_offset, size)``."""
         if self._raw is None:  # pragma: no cover - a wgpu-py without the native backend
             raise GpuError("encode_raw needs wgpu-py's wgpu_native backend")
         sp, sb, dw, null = self._raw
-        h = cp._internal
-        last = None
-        for p, g, x, y, z in seq:
-            if p is not last:
-                sp(h, p)
-                last = p
-            sb(h, 0, g, 0, null)
-            dw(h, x, y, z)
-        cp.end()
-        for c in copies:
-            enc.copy_buffer_to_buffer(*c)
+        enc = self.device.create_command_encoder()
+        for part in parts:
+            if isinstance(part, tuple):
+                enc.copy_buffer_to_buffer(*part)
+                continue
+            cp = enc.begin_compute_pass()
+            h = cp._internal
+            last = None
+            for p, g, x, y, z in part:
+                if p is not last:
+                    sp(h, p)
+                    last = p
+                sb(h, 0, g, 0, null)
+                dw(h, x, y, z)
+            cp.end()
         return enc.finish()
 
     def pass_seconds(self, seq: Sequence[tuple], repeats: int = 3) -> float | None:

@@ -94,6 +94,15 @@ class _Program:
 
 
 @dataclass
+class _Batch:
+    """The batched prompt's dispatches: (dispatch, axis) with axis "z" (grid z = tokens),
+    "y" (grid y = tokens: attn_merge) or "split" (attn_split: runs in y, tokens in z)."""
+
+    items: list[tuple[Dispatch, str]] = field(default_factory=list)
+    tokens: int = 0  # tokens a chunk holds at most
+
+
+@dataclass
 class _Pending:
     """A greedy step submitted ahead: its cache, the position it runs, its readback slot."""
 
@@ -130,7 +139,7 @@ class WgpuBitNet:
                                a.context_length))
         hd, kvd = a.head_dim, a.n_kv_heads * a.head_dim
         self.gq = a.n_heads // a.n_kv_heads
-        if hd % 4 or hd > 512 or self.gq * hd > 4096:
+        if hd % 4 or hd > 256 or self.gq > 16:
             raise UnsupportedConversionError(f"head size {hd} x {self.gq} query heads per kv "
                                              "head is beyond attn_split.wgsl")
         if self.max_len * kvd * 4 > dev.max_binding:
@@ -145,7 +154,7 @@ class WgpuBitNet:
         self.u = dev.buffer(f32 * a.hidden_dim, "u")
         self.logits = dev.buffer(f32 * a.vocab_size, "logits")
         self.result = dev.buffer(16, "argmax")
-        self.state = dev.buffer(16, "state")
+        self.state = dev.buffer(16 + 4 * max(1, int(dev.tuning.get("batch", 128))), "state")
         self.part = dev.buffer(f32 * a.n_heads * self.smax * (hd + 2), "attention runs")
         self.kc = [dev.buffer(f32 * self.max_len * kvd, f"k_cache.{i}") for i in range(a.n_layers)]
         self.vc = [dev.buffer(f32 * self.max_len * kvd, f"v_cache.{i}") for i in range(a.n_layers)]
@@ -166,6 +175,7 @@ class WgpuBitNet:
         self._embed = self._embed_dispatches()
         self.prog = self._build(trace=False)
         self._traced: _Program | None = None
+        self._batch: _Batch | None | bool = None  # built on the first prompt (False: cannot)
 
     # -- construction ----------------------------------------------------------------------------
     def _vec(self, name: str) -> Any:
@@ -333,6 +343,100 @@ class WgpuBitNet:
                                              f"expected 2 x {a.head_dim}")
         return self.dev.upload(g.astype(np.float32), f"{p}qk_norm")
 
+    def _build_batch(self) -> _Batch | None:
+        """The batched prompt (every projection fused, every q|k|v stacked and gate|up
+        paired), or None where one is not (those prompts run token by token)."""
+        a, dev, be = self.args, self.dev, self.be
+        fam = a.family
+        hd, kvd, nq = a.head_dim, a.n_kv_heads * a.head_dim, a.n_heads * a.head_dim
+        stacks, pairs, outs, downs = [], [], [], []
+        for i in range(a.n_layers):
+            p = f"blk.{i}."
+            stacks.append(be.stacked([f"{p}attn_{x}.weight" for x in ("q", "k", "v")]))
+            pairs.append(be.pair(f"{p}ffn_gate.weight", f"{p}ffn_up.weight"))
+            outs.append(be.weight(f"{p}attn_output.weight"))
+            downs.append(be.weight(f"{p}ffn_down.weight"))
+        if any(x is None or not isinstance(x, GpuMatrix)
+               for x in (*stacks, *pairs, *outs, *downs)):
+            return None
+        tb = max(1, int(dev.tuning.get("batch", 128)))
+        f32, qkvs = 4, nq + 2 * kvd
+        self.hb = dev.buffer(f32 * tb * a.dim, "h.batch")
+        self.qkvb = dev.buffer(f32 * tb * qkvs, "qkv.batch")
+        self.ob = dev.buffer(f32 * tb * nq, "o.batch")
+        self.gb = dev.buffer(f32 * tb * a.hidden_dim, "g.batch")
+        self.partb = dev.buffer(f32 * tb * a.n_heads * self.smax * (hd + 2), "runs.batch")
+        if self.state.size < 16 + 4 * tb:
+            raise AssertionError("the state buffer holds no prompt ids")
+        b = _Batch(tokens=tb)
+        emb = be.embedding
+        k = dev.kernel("embed_step", DIM=emb.dim, DTYPE=emb.dtype, BATCH=1)
+        for r0, n, buf in emb.chunks:
+            pu = dev.uniform(np.array([r0, n, 0, 0], np.uint32))
+            b.items.append((Dispatch("embed", k, dev.bind(k, buf, pu, self.state, self.hb),
+                                     dev.grid(-(-emb.dim // 256)), 4 * emb.dim), "z"))
+        perm, qkn = int(fam.permuted_qk), int(fam.qk_norm)
+        asub = {"QS4": str(self.gq * hd // 4), "SCN": str(self.gq * CMAX)}
+        attn = dev.kernel("attn_split", asub, H=a.n_heads, KVH=a.n_kv_heads, HD=hd,
+                          ML=self.max_len, INV=np.float32(1.0 / np.sqrt(hd)), QKN=qkn,
+                          PERM=perm, EPS=np.float32(a.norm_eps), SMAX=self.smax, CMAX=CMAX,
+                          BATCH=1, QKVS=qkvs)
+        kvw = dev.kernel("kv_write", H=a.n_heads, KVH=a.n_kv_heads, HD=hd, QKN=qkn, PERM=perm,
+                         EPS=np.float32(a.norm_eps), QKVS=qkvs)
+        merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=SPLIT, SPAR=SPAR,
+                           CMAX=CMAX)
+        merge_d = Dispatch("attention", merge, dev.bind(merge, self.partb, self.state, self.ob),
+                           (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 2))
+        act, sub = int(fam.activation == "silu"), fam.sub_norms
+        for i in range(a.n_layers):
+            p = f"blk.{i}."
+            names = [f"{p}attn_{x}" for x in ("q", "k", "v")]
+            for d in stacks[i].fused_dispatches(
+                    self.hb, self._gain(f"{p}attn_norm.weight"), self.qkvb, 0, norm=True,
+                    eps=a.norm_eps, ys=qkvs,
+                    out_scales=[self._out_scale(n) for n in names] + [1.0]):
+                b.items.append((d, "z"))
+            ng = self._qk_gains(p) if qkn else self.cs
+            b.items.append((Dispatch("attention", kvw, dev.bind(kvw, self.qkvb, self.kc[i],
+                                                                self.vc[i], self.cs,
+                                                                self.state, ng),
+                                     (a.n_kv_heads, 1, 1), 4 * 2 * kvd), "z"))
+            b.items.append((Dispatch("attention", attn,
+                                     dev.bind(attn, self.qkvb, self.kc[i], self.vc[i], self.cs,
+                                              self.state, self.partb, ng),
+                                     (a.n_kv_heads, 1, 1), 4 * qkvs, 2 * 4 * kvd), "split"))
+            b.items.append((merge_d, "y"))
+            for d in outs[i].fused_dispatches(
+                    self.ob, self._gain(f"{p}attn_sub_norm.weight") if sub else None, self.hb,
+                    1, norm=sub, act=act, eps=a.norm_eps, ys=a.dim,
+                    out_scales=[self._out_scale(f"{p}attn_output")] * 4):
+                b.items.append((d, "z"))
+            for d in pairs[i].fused_dispatches(
+                    self.hb, self._gain(f"{p}ffn_norm.weight"), self.gb, 2, norm=True, act=act,
+                    eps=a.norm_eps, ys=a.hidden_dim,
+                    out_scales=(self._out_scale(f"{p}ffn_gate"), self._out_scale(f"{p}ffn_up"))):
+                b.items.append((d, "z"))
+            for d in downs[i].fused_dispatches(
+                    self.gb, self._gain(f"{p}ffn_sub_norm.weight") if sub else None, self.hb,
+                    1, norm=sub, act=act, eps=a.norm_eps, ys=a.dim,
+                    out_scales=[self._out_scale(f"{p}ffn_down")] * 4):
+                b.items.append((d, "z"))
+        return b
+
+    def _batch_seq(self, tokens: int, end: int) -> list[tuple]:
+        """The raw dispatches of a batched chunk of ``tokens`` ending at length ``end``."""
+        s = splits(end)
+        out = []
+        for d, axis in self._batch.items:
+            p, g, x, y, _ = d.raw
+            if axis == "z":
+                out.append((p, g, x, y, tokens))
+            elif axis == "y":
+                out.append((p, g, x, tokens, 1))
+            else:
+                out.append((p, g, x, s, tokens))
+        return out
+
     # -- recording ----------------------------------------------------------------------------
     def _program(self) -> _Program:
         if not self.trace:
@@ -413,6 +517,47 @@ class WgpuBitNet:
         for i, tok in enumerate(ids[:-1]):
             self._submit(int(tok), cache.length + i, head=False, argmax=0)
 
+    def _batched(self, n: int) -> bool:
+        """Whether a prompt of ``n`` tokens runs as batched mat-mat steps."""
+        if n < 2 or self.trace:
+            return False
+        if self._batch is None:
+            self._batch = self._build_batch() or False
+        return bool(self._batch)
+
+    def _prompt(self, ids: np.ndarray, cache: GpuKVCache, *, argmax: int,
+                copies: Sequence[tuple] = (), head: bool = True) -> None:
+        """Run a prompt: batched chunks of up to ``tuning["batch"]`` tokens where the network
+        can (:meth:`_build_batch`), else token by token; the last position's hidden state
+        then goes through the final norm and (``head``) the head and the argmax."""
+        self._pending = None
+        if not self._batched(ids.size):
+            self._prefix(ids, cache)
+            self._submit(int(ids[-1]), cache.length + ids.size - 1, head=head, argmax=argmax,
+                         copies=copies)
+            return
+        tb, dim = self._batch.tokens, self.args.dim
+        prog = self.prog
+        for c0 in range(0, ids.size, tb):
+            t0 = time.perf_counter()
+            chunk = ids[c0: c0 + tb]
+            n, p0 = chunk.size, cache.length + c0
+            st = np.zeros(4 + n, np.uint32)
+            st[1], st[2], st[4:] = p0, p0 + n, chunk
+            self.dev.write(self.state, st)
+            parts: list[Any] = [self._batch_seq(n, p0 + n)]
+            if c0 + n == ids.size:
+                parts.append((self.hb, 4 * (n - 1) * dim, self.h, 0, 4 * dim))
+                tail = [prog.norm.raw]
+                if head:
+                    tail += [d.raw for d in prog.head]
+                    if argmax:
+                        tail.append((prog.argmax_step if argmax == 2 else prog.argmax).raw)
+                parts += [tail, *copies]
+            self.dev.queue.submit([self.dev.encode_parts(parts)])
+            self.host_seconds += time.perf_counter() - t0
+            self.host_steps += 1
+
     def forward(self, tokens: Sequence[int], cache: GpuKVCache, *,
                 all_logits: bool = False) -> np.ndarray:
         """Run ``tokens`` after the cache's positions; logits [T or 1, vocab] (float32)."""
@@ -421,6 +566,13 @@ class WgpuBitNet:
         rows = []
         t0 = time.perf_counter()
         nbytes = 4 * self.args.vocab_size
+        if not all_logits and self._batched(ids.size):
+            self._prompt(ids, cache, argmax=0,
+                         copies=[(self.logits, 0, self.logits_stage, 0, nbytes)])
+            cache.length += ids.size
+            self.last_step_seconds = time.perf_counter() - t0
+            return np.frombuffer(self.dev.map_read(self.logits_stage, nbytes),
+                                 np.float32).copy()[None, :]
         for i, tok in enumerate(ids):
             want = all_logits or i == ids.size - 1
             self._submit(int(tok), cache.length + i, head=want, argmax=0,
@@ -443,10 +595,8 @@ class WgpuBitNet:
         """Run ``tokens``; the argmax of the last logits, computed on the GPU (4 bytes back)."""
         ids = self._check(tokens, cache)
         t0 = time.perf_counter()
-        self._prefix(ids, cache)
         slot = self._slot()
-        self._submit(int(ids[-1]), cache.length + ids.size - 1, head=True, argmax=1,
-                     copies=[(self.result, 0, self.ring[slot], 0, 8)])
+        self._prompt(ids, cache, argmax=1, copies=[(self.result, 0, self.ring[slot], 0, 8)])
         token = self._read_slot(slot)
         cache.length += ids.size
         self.last_step_seconds = time.perf_counter() - t0
@@ -465,10 +615,8 @@ class WgpuBitNet:
                 and pend.pos == cache.length and pend.token == int(ids[0])):
             cur = pend
         else:
-            self._prefix(ids, cache)
-            pos = cache.length + ids.size - 1
-            cur = _Pending(cache, pos, self._slot())
-            self._submit(int(ids[-1]), pos, head=True, argmax=2,
+            cur = _Pending(cache, cache.length + ids.size - 1, self._slot())
+            self._prompt(ids, cache, argmax=2,
                          copies=[(self.result, 0, self.ring[cur.slot], 0, 8)])
         self._pending = None
         if cur.pos + 1 < cache.max_len:
@@ -493,8 +641,7 @@ class WgpuBitNet:
         tokens, cache = segments[0].tokens, segments[0].cache
         ids = self._check(tokens, cache)
         t0 = time.perf_counter()
-        self._prefix(ids, cache)
-        self._submit(int(ids[-1]), cache.length + ids.size - 1, head=False, argmax=0)
+        self._prompt(ids, cache, argmax=0, head=False)
         x = np.frombuffer(self.dev.read(self.be.xf, 4 * self.args.dim), np.float32)
         cache.length += ids.size
         self.last_step_seconds = time.perf_counter() - t0

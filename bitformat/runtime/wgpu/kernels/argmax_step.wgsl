@@ -1,7 +1,8 @@
 // argmax_step.wgsl: the greedy token from lm_head_step.wgsl's per-workgroup maxima (the lowest
 // row among equal values, as numpy.argmax; NaN never chosen), written to R (R[0] the row,
 // R[1] its logit's bits) and, STEP = 1, into the step state for the next decode step: token
-// = the row, pos and len advanced by one, so the next step runs without the host.
+// = the row, pos = len (the position after the last one run, a decode step's or a batched
+// prompt's), len + 1, so the next step runs without the host.
 //
 // Bindings (group 0):
 //   0  storage, read        PT: array<vec2<u32>>  (value bits, row) [N]
@@ -50,8 +51,8 @@ fn main(@builtin(local_invocation_index) t: u32) {
         R[0] = id;
         R[1] = bitcast<u32>(bv[0]);
         if (STEP == 1u) {
-            ST[0] = id;
-            ST[1] = ST[1] + 1u;
+            ST[0] = id;  // the next step embeds it at the position after the last one run
+            ST[1] = ST[2];
             ST[2] = ST[2] + 1u;
         }
     }

@@ -7,9 +7,10 @@
 // (at least SPLIT positions a split, at most SPAR splits unless a split would exceed CMAX).
 //
 // Bindings (group 0):
-//   0  storage, read        PART: array<f32>  [H, SMAX, HD + 2] (attn_split.wgsl)
-//   1  storage, read        ST: array<u32>    the step state (len)
-//   2  storage, read_write  O: array<f32>     o [H * HD]
+//   0  storage, read        PART: array<f32>  [tokens, H, SMAX, HD + 2] (attn_split.wgsl)
+//   1  storage, read        ST: array<u32>    the step state (len: after the step or prompt)
+//   2  storage, read_write  O: array<f32>     o [tokens, H * HD]
+// Grid: (H, tokens).
 // Overrides: HD, SMAX, SPLIT, SPAR, CMAX.
 
 override HD: u32;
@@ -23,11 +24,13 @@ override CMAX: u32 = 256u;
 @group(0) @binding(2) var<storage, read_write> O: array<f32>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nw: vec3<u32>) {
     let h = wid.x;
+    let tok = wid.y;  // a batched prompt's token (its runs were split for the prompt's end)
     let len = ST[2];
     let S = max(min((len + SPLIT - 1u) / SPLIT, SPAR), (len + CMAX - 1u) / CMAX);
-    let b0 = h * SMAX * (HD + 2u);
+    let b0 = (tok * nw.x + h) * SMAX * (HD + 2u);
     var mx = -3.4028234663852886e38;
     for (var s = 0u; s < S; s++) {
         mx = max(mx, PART[b0 + s * (HD + 2u)]);
@@ -43,6 +46,6 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
             let b = b0 + s * (HD + 2u);
             acc += PART[b + 2u + d] * exp(PART[b] - mx);
         }
-        O[h * HD + d] = acc / l;
+        O[(tok * nw.x + h) * HD + d] = acc / l;
     }
 }

@@ -5,6 +5,9 @@
 // of exp(score - m) and the unnormalized output o = sum exp(score - m) v; attn_merge.wgsl
 // combines the splits.
 //
+// BATCH = 1 runs a prompt's tokens at once (grid z = token t at position ST.pos + t, q from
+// row t of QKV, attending to its own positions; kv_write.wgsl has cached every key and value).
+//
 // Before that it prepares the step's own q and k: (QKN = 1, Qwen3) RMSNorm over each head with
 // the q_norm / k_norm gains, then rotate-half RoPE at position S.pos from the host's cos/sin
 // table; the workgroup whose run holds the position writes the new key and value to the
@@ -16,14 +19,20 @@
 // Bindings (group 0):
 //   0  storage, read        QKV: array<f32>   q [H * HD], k [KVH * HD], v [KVH * HD]
 //   1  storage, read_write  KC: array<vec4<f32>>  layer K cache [ML, KVH, HD]
-//   2  storage, read_write  VC: array<f32>    layer V cache [ML, KVH, HD]
+//   2  storage, read_write  VC: array<vec4<f32>>  layer V cache [ML, KVH, HD]
 //   3  storage, read        CS: array<f32>    [ML, HD]: per position cos[HD/2] then sin[HD/2]
 //   4  storage, read        ST: array<u32>    the step state: token, pos, len (embed_step.wgsl)
-//   5  storage, read_write  PART: array<f32>  [H, SMAX, HD + 2]: m, l, o[HD]
+//   5  storage, read_write  PART: array<f32>  [tokens, H, SMAX, HD + 2]: m, l, o[HD]
 //   6  storage, read        NG: array<f32>    QKN = 1: q_norm gains [HD], k_norm gains [HD]
-// Overrides: H, KVH, HD (a multiple of 4), ML, INV, QKN, PERM, EPS, SMAX, CMAX (the most
-// positions of one split: S is chosen so that ceil(len / S) <= CMAX, see attn_merge.wgsl).
+// Overrides: H, KVH, HD (a multiple of 4, at most 64 vec4s a lane: HD <= 512), ML, INV, QKN,
+// PERM, EPS, SMAX, CMAX (the most positions of one split: S is chosen so that
+// ceil(len / S) <= CMAX, see attn_merge.wgsl). GQ = H / KVH <= 16.
 // Workgroup arrays: QS4 = GQ * HD / 4 vec4s, SCN = GQ * CMAX floats. Needs subgroups.
+//
+// Work split: the scores take min(8, subgroup size) lanes per position (each a slice of the
+// key, its vec4s loaded together and dotted with every head's q), the weighted sum of values
+// as many lanes per vec4 of dimensions (each every 8th position): all loads of a lane are
+// independent, so a workgroup waits for memory about once per phase.
 
 override H: u32;
 override KVH: u32;
@@ -35,12 +44,14 @@ override PERM: u32 = 0u;
 override EPS: f32 = 1e-6;
 override SMAX: u32;
 override CMAX: u32 = 256u;
+override BATCH: u32 = 0u;  // a batched prompt: grid z = token (kv_write.wgsl wrote its keys)
+override QKVS: u32 = 0u;   // BATCH: floats of QKV per token
 
 const WGS: u32 = 256u;
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
 @group(0) @binding(1) var<storage, read_write> KC: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> VC: array<f32>;
+@group(0) @binding(2) var<storage, read_write> VC: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> CS: array<f32>;
 @group(0) @binding(4) var<storage, read> ST: array<u32>;
 @group(0) @binding(5) var<storage, read_write> PART: array<f32>;
@@ -67,19 +78,25 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     let gq = H / KVH;
     let g = wid.x;
     let s = wid.y;
-    let pos = ST[1];
-    let len = ST[2];
+    let tok = wid.z;
+    var pos = ST[1];
+    var len = ST[2];
+    if (BATCH == 1u) {
+        pos += tok;
+        len = pos + 1u;
+    }
+    let qb = tok * QKVS;
     let run = (len + nw.y - 1u) / nw.y;
     let j0 = min(s * run, len);
     let n = min(len, j0 + run) - j0;
     let kvd = KVH * HD;
     let half = HD / 2u;
-    let mine = pos >= j0 && pos < j0 + n;
+    let mine = BATCH == 0u && pos >= j0 && pos < j0 + n;
 
     // q of the group's heads (and the new key, in the run that holds it): norm, RoPE
     let nh = gq + select(0u, 1u, mine);
     for (var hh = sid; hh < nh; hh += ns) {
-        var src = (g * gq + hh) * HD;
+        var src = qb + (g * gq + hh) * HD;
         var goff = 0u;
         if (hh == gq) {
             src = H * HD + g * HD;
@@ -118,25 +135,47 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     }
     if (mine) {
         for (var d = li; d < HD; d += WGS) {
-            VC[pos * kvd + g * HD + d] = QKV[H * HD + kvd + g * HD + d];
+            let e = pos * kvd + g * HD + d;
+            VC[e / 4u][e % 4u] = QKV[H * HD + kvd + g * HD + d];
         }
     }
     storageBarrier();
     workgroupBarrier();
 
-    // scores of the run, their maximum and the sum of exp(score - max), per query head
+    // scores: TPP lanes per position (HD / TPP dimensions each, every K vec4 loaded once for
+    // all the group's heads), added by subgroup shuffles
+    let tpp = min(8u, sgs);
+    let dpl = HD / (4u * tpp);  // vec4s of a key per lane
+    let per = ns * (sgs / tpp);  // positions a pass of the workgroup covers
+    let c = sl % tpp;
+    for (var j0p = 0u; j0p < n; j0p += per) {
+        let j = j0p + sid * (sgs / tpp) + sl / tpp;
+        let live = j < n;
+        var ks: array<vec4<f32>, 16>;
+        let kb = ((j0 + min(j, n - 1u)) * kvd + g * HD) / 4u + c * dpl;
+        for (var d = 0u; d < dpl; d++) {
+            ks[d] = KC[kb + d];
+        }
+        for (var hh = 0u; hh < gq; hh++) {
+            var dt = 0.0;
+            for (var d = 0u; d < dpl; d++) {
+                dt += dot(qs[hh * HD / 4u + c * dpl + d], ks[d]);
+            }
+            for (var o = tpp / 2u; o > 0u; o >>= 1u) {
+                dt += subgroupShuffleXor(dt, o);
+            }
+            if (live && c == 0u) {
+                sc[hh * CMAX + j] = dt * INV;
+            }
+        }
+    }
+    workgroupBarrier();
+
+    // the softmax of each head over the run: its maximum and the sum of exp(score - max)
     for (var hh = sid; hh < gq; hh += ns) {
         var lmax = -3.4028234663852886e38;
         for (var j = sl; j < n; j += sgs) {
-            let kb = ((j0 + j) * kvd + g * HD) / 4u;
-            let qb = hh * HD / 4u;
-            var dt = 0.0;
-            for (var d = 0u; d < HD / 4u; d++) {
-                dt += dot(qs[qb + d], KC[kb + d]);
-            }
-            let sv = dt * INV;
-            sc[hh * CMAX + j] = sv;
-            lmax = max(lmax, sv);
+            lmax = max(lmax, sc[hh * CMAX + j]);
         }
         let m = subgroupMax(lmax);
         var lsum = 0.0;
@@ -152,19 +191,42 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     }
     workgroupBarrier();
 
-    // o = sum_j p_j v_j over the run, per query head and dimension
-    for (var i = li; i < gq * HD; i += WGS) {
-        let hh = i / HD;
-        let d = i % HD;
-        var acc = 0.0;
-        for (var j = 0u; j < n; j++) {
-            acc += sc[hh * CMAX + j] * VC[(j0 + j) * kvd + g * HD + d];
+    // o = sum_j p_j v_j: PG lanes per vec4 of dimensions, each taking every PG-th position,
+    // added by subgroup shuffles
+    let pg = min(8u, sgs);
+    let p = sl % pg;
+    let chunks = ns * (sgs / pg);
+    for (var dc0 = 0u; dc0 < HD / 4u; dc0 += chunks) {
+        let dc = dc0 + sid * (sgs / pg) + sl / pg;
+        let live = dc < HD / 4u;
+        var acc: array<vec4<f32>, 16>;
+        for (var hh = 0u; hh < gq; hh++) {
+            acc[hh] = vec4<f32>(0.0);
         }
-        let base = ((g * gq + hh) * SMAX + s) * (HD + 2u);
-        PART[base + 2u + d] = acc;
-        if (d == 0u) {
-            PART[base] = ml[hh].x;
-            PART[base + 1u] = ml[hh].y;
+        if (live) {
+            for (var j = p; j < n; j += pg) {
+                let v = VC[((j0 + j) * kvd + g * HD) / 4u + dc];
+                for (var hh = 0u; hh < gq; hh++) {
+                    acc[hh] += sc[hh * CMAX + j] * v;
+                }
+            }
+        }
+        for (var hh = 0u; hh < gq; hh++) {
+            var a = acc[hh];
+            for (var o = pg / 2u; o > 0u; o >>= 1u) {
+                a += vec4<f32>(subgroupShuffleXor(a.x, o), subgroupShuffleXor(a.y, o),
+                               subgroupShuffleXor(a.z, o), subgroupShuffleXor(a.w, o));
+            }
+            if (live && p == 0u) {
+                let base = ((tok * H + g * gq + hh) * SMAX + s) * (HD + 2u);
+                for (var k = 0u; k < 4u; k++) {
+                    PART[base + 2u + 4u * dc + k] = a[k];
+                }
+                if (dc == 0u) {
+                    PART[base] = ml[hh].x;
+                    PART[base + 1u] = ml[hh].y;
+                }
+            }
         }
     }
 }

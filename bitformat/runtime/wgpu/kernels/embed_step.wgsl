@@ -5,6 +5,8 @@
 //   0  token   the id this step embeds (argmax_step.wgsl writes the next one)
 //   1  pos     its position
 //   2  len     positions in the KV cache after this step (pos + 1)
+//   4 + t   BATCH = 1 (a batched prompt, grid z = t): the prompt's ids; pos is its first
+//           position and len the cache's length after it
 //
 // Bindings (group 0):
 //   0  storage, read        E: array<u32>   rows P.x .. P.x + P.y of the embedding
@@ -15,6 +17,7 @@
 
 override DIM: u32;
 override DTYPE: u32 = 1u;
+override BATCH: u32 = 0u;
 
 @group(0) @binding(0) var<storage, read> E: array<u32>;
 @group(0) @binding(1) var<uniform> P: vec4<u32>;
@@ -24,20 +27,25 @@ override DTYPE: u32 = 1u;
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
-    let tok = ST[0];
+    var tok = ST[0];
+    var hb = 0u;
+    if (BATCH == 1u) {  // a batched prompt: token z of the ids after the state, row z of H
+        tok = ST[4u + gid.z];
+        hb = gid.z * DIM;
+    }
     if (i >= DIM || tok < P.x || tok - P.x >= P.y) {
         return;
     }
     let row = tok - P.x;
     if (DTYPE == 0u) {
-        H[i] = bitcast<f32>(E[row * DIM + i]);
+        H[hb + i] = bitcast<f32>(E[row * DIM + i]);
         return;
     }
     let w = E[row * (DIM / 2u) + i / 2u];
     let half = select(w & 0xFFFFu, w >> 16u, (i & 1u) == 1u);
     if (DTYPE == 1u) {
-        H[i] = unpack2x16float(half).x;
+        H[hb + i] = unpack2x16float(half).x;
     } else {
-        H[i] = bitcast<f32>(half << 16u);
+        H[hb + i] = bitcast<f32>(half << 16u);
     }
 }

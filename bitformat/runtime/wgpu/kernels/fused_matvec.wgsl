@@ -13,9 +13,9 @@
 // up .w); P.oscale likewise (the optional `.scale` tensors of upstream bitnet files).
 //
 // Bindings (group 0):
-//   0  storage, read        A: array<f32>   the input x [COLS] (COMBINE = 1: gate outputs)
-//   1  storage, read        U: array<f32>   COMBINE = 1: up outputs [COLS]; else unused
-//   2  storage, read        G: array<f32>   RMSNorm gains [COLS] (NORM = 1)
+//   0  storage, read        A: array<vec4<f32>>  the input x [COLS] (COMBINE = 1: gate outputs)
+//   1  storage, read        U: array<vec4<f32>>  COMBINE = 1: up outputs [COLS]; else unused
+//   2  storage, read        G: array<vec4<f32>>  RMSNorm gains [COLS] (NORM = 1)
 //   3  uniform              P: FParams
 //   4  storage, read_write  Y: array<f32>   output, rows P.bound.z .. (a chunk's first row)
 //   5  storage, read_write  T: array<u32>   TRACE = 1: the quantization (quant_prologue.wgsl)
@@ -23,6 +23,9 @@
 // Overrides: ROWS (rows of this dispatch), COLS, MODE, ACT, NORM, COMBINE, EPS, LAYOUT (0 plain,
 // 1 slot16 activations), RPW (rows per workgroup), LPR (lanes per row, a power of two; fewer
 // if the subgroup is smaller), TRACE, and the format's own (BLK for i2_s).
+//
+// Batched prefill (YS > 0): grid z is the token; its input is row z of A (and U), its output
+// starts at float z * YS of Y, and each workgroup quantizes its token's input.
 //
 // Workgroups of WGS = 256 invocations; the rows of workgroup w are w * RPW .. + RPW - 1, taken
 // by the subgroups sgs / LPR at a time. Needs the `subgroup` feature (any order of the lanes'
@@ -41,6 +44,7 @@ override RPW: u32 = 8u;
 override LPR: u32 = 32u;
 override TRACE: u32 = 0u;
 override BLK: u32 = 128u;
+override YS: u32 = 0u;  // batched prefill: output floats per token (grid z = token)
 
 struct FParams {
     scale: vec4<f32>,
@@ -48,9 +52,9 @@ struct FParams {
     bound: vec4<u32>,
 }
 
-@group(0) @binding(0) var<storage, read> A: array<f32>;
-@group(0) @binding(1) var<storage, read> U: array<f32>;
-@group(0) @binding(2) var<storage, read> G: array<f32>;
+@group(0) @binding(0) var<storage, read> A: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> U: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> G: array<vec4<f32>>;
 @group(0) @binding(3) var<uniform> P: FParams;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(5) var<storage, read_write> T: array<u32>;
@@ -71,20 +75,23 @@ fn seg_scale(o: u32) -> vec2<f32> {
     return vec2<f32>(P.scale.z, P.oscale.z);
 }
 
+var<private> ybase: u32;
+
 fn store(r: u32, acc: vec2<f32>) {
     let o = P.bound.z + r;
+    let y = ybase + o;
     if (MODE == 2u) {
         let gate = row_value(acc.x) * P.scale.x * P.oscale.x;
         let up = row_value(acc.y) * P.scale.w * P.oscale.w;
-        Y[o] = act(gate) * up;
+        Y[y] = act(gate) * up;
         return;
     }
     let sc = seg_scale(o);
     let v = row_value(acc.x) * sc.x * sc.y;
     if (MODE == 0u) {
-        Y[o] = v;
+        Y[y] = v;
     } else {
-        Y[o] = Y[o] + v;
+        Y[y] = Y[y] + v;
     }
 }
 
@@ -94,19 +101,36 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid3: v
         @builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_id) sid: u32,
         @builtin(num_subgroups) ns: u32) {
     let wid = wid3.x + wid3.y * nw.x;
-    quant_prologue(li, wid, sl, sid, ns);
+    abase = wid3.z * (COLS / 4u);
+    ybase = wid3.z * YS;
     let lpr = min(LPR, sgs);
     let rps = sgs / lpr;  // rows a subgroup takes at once
     let lane = sl % lpr;
+    // the first rows' first weights are loaded before the activations are ready
+    let k1 = sid * rps + sl / lpr;
+    let r1 = min(wid * RPW + k1, ROWS - 1u);
+    let pre = row_pre(0u, r1, lane, lpr);
+    var pre2 = pre;
+    if (MODE == 2u) {
+        pre2 = row_pre(P.bound.w, r1, lane, lpr);
+    }
+    quant_prologue(li, wid + wid3.z, sl, sid, ns);
     for (var k0 = sid * rps; k0 < RPW; k0 += ns * rps) {
         let k = k0 + sl / lpr;
         let r = wid * RPW + k;
         let live = k < RPW && r < ROWS;
         var acc = vec2<f32>(0.0, 0.0);
         if (live) {
-            acc.x = row_dot(0u, r, lane, lpr);
-            if (MODE == 2u) {
-                acc.y = row_dot(P.bound.w, r, lane, lpr);
+            if (k == k1) {
+                acc.x = row_dot_pre(pre, 0u, r, lane, lpr);
+                if (MODE == 2u) {
+                    acc.y = row_dot_pre(pre2, P.bound.w, r, lane, lpr);
+                }
+            } else {
+                acc.x = row_dot(0u, r, lane, lpr);
+                if (MODE == 2u) {
+                    acc.y = row_dot(P.bound.w, r, lane, lpr);
+                }
             }
         }
         for (var o = lpr / 2u; o > 0u; o >>= 1u) {

@@ -7,15 +7,17 @@
 //     COMBINE = 1: x = act(A) * U first (gate and up outputs of two separate mat-vecs)
 //     s = 127 / max(max|y|, 1e-5),    q = clamp(round(y s), -128, 127)   (round: ties to even)
 //
-// Two passes over the input (it sits in L2, written by the previous dispatch): the first sums
-// x^2 and finds max|x g| together (subgroup reductions, one barrier), so max|y| is taken as
+// Two passes over the input (it sits in L2, written by the previous dispatch), reading whole
+// vec4s so that many loads are in flight: the first sums x^2 and finds max|x g| together
+// (subgroup reductions, one barrier), so max|y| is taken as
 // max|x g| / r (the CPU's max|x / r * g| may differ from it in the last bit of s, moving a q
 // only where y s lies on a .5 boundary); the second quantizes 16 values per invocation and
 // writes them as one vec4 of words: LAYOUT 0 "plain" (bytes k of word i: q[4i + k]), LAYOUT 1
 // "slot16" (byte k of word 4w + g: q[16w + g + 4k]), both starting at word QOFF. Word 0 holds
 // s, word 1 the sum of every q, word 4 + b the sum of 256-block b.
 //
-// The including kernel declares A, U, G (storage, read), the overrides COLS, NORM, COMBINE,
+// The including kernel declares A, U, G (storage, read, array<vec4<f32>>: COLS is a multiple
+// of 4), the overrides COLS, NORM, COMBINE,
 // ACT, EPS, LAYOUT, TRACE, the workgroup array X (XV4 vec4s) and, for TRACE = 1, T (storage,
 // read_write): workgroup 0 then writes T[0] = s bits, T[4 + i] = y_i bits and
 // T[4 + COLS + i] = plain word i, for tests that compare the quantization with the CPU's.
@@ -27,6 +29,7 @@ const QOFF: u32 = 256u;
 var<workgroup> red: array<vec2<f32>, 64>;  // (sum, max) per subgroup (subgroups >= 4 lanes)
 var<workgroup> bsum: array<atomic<i32>, NBLK>;
 var<workgroup> qtotal: atomic<i32>;
+var<private> abase: u32;  // first vec4 of this workgroup's input row (batched prefill: token t)
 
 // the FFN gate's activation: relu(g)^2 (ACT 0, BitNet 2B-4T) or silu (ACT 1)
 fn act(g: f32) -> f32 {
@@ -37,11 +40,31 @@ fn act(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
 }
 
-fn x_in(i: u32) -> f32 {
-    if (COMBINE == 1u) {
-        return act(A[i]) * U[i];
+fn act4(g: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(act(g.x), act(g.y), act(g.z), act(g.w));
+}
+
+// elements 4j .. 4j+3 of the input (COLS is a multiple of 4; 0 past COLS)
+fn x4(j: u32) -> vec4<f32> {
+    if (4u * j >= COLS) {
+        return vec4<f32>(0.0);
     }
-    return A[i];
+    if (COMBINE == 1u) {
+        return act4(A[abase + j]) * U[abase + j];
+    }
+    return A[abase + j];
+}
+
+fn g4(j: u32) -> vec4<f32> {
+    if (NORM == 0u || 4u * j >= COLS) {
+        return vec4<f32>(1.0);
+    }
+    return G[j];
+}
+
+fn pack4(q: vec4<i32>) -> u32 {
+    let b = vec4<u32>(q) & vec4<u32>(0xFFu);
+    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
 }
 
 // Fills X. Every invocation of the workgroup must call it (it has barriers).
@@ -53,16 +76,14 @@ fn quant_prologue(li: u32, wid: u32, sl: u32, sid: u32, ns: u32) {
     if (li == 0u) {
         atomicStore(&qtotal, 0i);
     }
+    // pass 1: sum of squares and max |x g|, one coalesced vec4 of x and of g at a time
     var ss = 0.0;
     var mx = 0.0;
-    for (var i = li; i < COLS; i += WGS) {
-        let x = x_in(i);
-        ss += x * x;
-        var y = x;
-        if (NORM == 1u) {
-            y = x * G[i];
-        }
-        mx = max(mx, abs(y));
+    for (var j = li; j < COLS / 4u; j += WGS) {
+        let x = x4(j);
+        let y = abs(x * g4(j));
+        ss += dot(x, x);
+        mx = max(mx, max(max(y.x, y.y), max(y.z, y.w)));
     }
     let part = vec2<f32>(subgroupAdd(ss), subgroupMax(mx));
     if (sl == 0u) {
@@ -80,30 +101,41 @@ fn quant_prologue(li: u32, wid: u32, sl: u32, sid: u32, ns: u32) {
     }
     let s = 127.0 / max(tot.y / r, 1e-5);
     let trace = TRACE == 1u && wid == 0u;
+    // pass 2: 16 values per invocation (four vec4 loads of x and of g in flight), one vec4 of
+    // activation words each
     for (var u = li; u < nblk * 16u; u += WGS) {
-        var us = 0i;
-        var words = vec4<u32>(0u);
+        var xs: array<vec4<f32>, 4>;
+        var gs: array<vec4<f32>, 4>;
+        for (var i = 0u; i < 4u; i++) {
+            xs[i] = x4(4u * u + i);
+            gs[i] = g4(4u * u + i);
+        }
         var plain = vec4<u32>(0u);
-        for (var k = 0u; k < 16u; k++) {
-            let e = u * 16u + k;
-            var q = 0i;
-            if (e < COLS) {
-                var y = x_in(e);
-                if (NORM == 1u) {
-                    y = y / r * G[e];
-                }
-                q = i32(clamp(round(y * s), -128.0, 127.0));
-                if (trace) {
-                    T[4u + e] = bitcast<u32>(y);
+        var qs: array<vec4<i32>, 4>;
+        var us = 0i;
+        for (var i = 0u; i < 4u; i++) {
+            var y = xs[i];
+            if (NORM == 1u) {
+                y = y / r * gs[i];
+            }
+            let q = vec4<i32>(clamp(round(y * s), vec4<f32>(-128.0), vec4<f32>(127.0)));
+            qs[i] = q;
+            plain[i] = pack4(q);
+            us += q.x + q.y + q.z + q.w;
+            if (trace) {
+                for (var k = 0u; k < 4u; k++) {
+                    let e = 16u * u + 4u * i + k;
+                    if (e < COLS) {
+                        T[4u + e] = bitcast<u32>(y[k]);
+                    }
                 }
             }
-            us += q;
-            let byte = u32(q) & 0xFFu;
-            plain[k >> 2u] |= byte << (8u * (k & 3u));
-            words[k & 3u] |= byte << (8u * (k >> 2u));
         }
-        if (LAYOUT == 0u) {
-            words = plain;
+        var words = plain;
+        if (LAYOUT == 1u) {  // slot16: word g holds q[16u + g + 4k] in byte k
+            for (var g = 0u; g < 4u; g++) {
+                words[g] = pack4(vec4<i32>(qs[0][g], qs[1][g], qs[2][g], qs[3][g]));
+            }
         }
         X[QOFF / 4u + u] = words;
         if (trace) {

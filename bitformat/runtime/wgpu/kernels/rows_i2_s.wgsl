@@ -50,6 +50,41 @@ fn row_dot(base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
     return f32(acc);
 }
 
+// The fused kernels load a lane's first two units before they quantize the activations
+// (row_pre), so the wait for memory overlaps that work; row_dot_pre finishes the row.
+struct Pre {
+    w0: vec4<u32>,
+    w1: vec4<u32>,
+}
+
+fn row_pre(base: u32, r: u32, lane: u32, lanes: u32) -> Pre {
+    let n = COLS / 64u;
+    let row = base / 4u + r * n;
+    return Pre(W[row + min(lane, n - 1u)], W[row + min(lane + lanes, n - 1u)]);
+}
+
+fn row_dot_pre(p: Pre, base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
+    let n = COLS / 64u;
+    let row = base / 4u + r * n;
+    var acc = 0i;
+    if (lane < n) {
+        acc += unit_dot(p.w0, lane);
+    }
+    if (lane + lanes < n) {
+        acc += unit_dot(p.w1, lane + lanes);
+    }
+    var u = lane + 2u * lanes;
+    for (; u + lanes < n; u += 2u * lanes) {
+        let w0 = W[row + u];
+        let w1 = W[row + u + lanes];
+        acc += unit_dot(w0, u) + unit_dot(w1, u + lanes);
+    }
+    if (u < n) {
+        acc += unit_dot(W[row + u], u);
+    }
+    return f32(acc);
+}
+
 // the row's value before its per-tensor scale: codes are trit + 1, so sum(t q) = sum(c q) - sum(q)
 fn row_value(acc: f32) -> f32 {
     return (acc - f32(x_sum())) / x_s();

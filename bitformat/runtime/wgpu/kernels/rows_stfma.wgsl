@@ -30,6 +30,19 @@ fn row_dot(base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
     return f32(acc);
 }
 
+// no early loads for these rows (rows_i2_s.wgsl has them): row_dot_pre is row_dot
+struct Pre {
+    unused: u32,
+}
+
+fn row_pre(base: u32, r: u32, lane: u32, lanes: u32) -> Pre {
+    return Pre(0u);
+}
+
+fn row_dot_pre(p: Pre, base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
+    return row_dot(base, r, lane, lanes);
+}
+
 // the row's value before its per-tensor scale (codes are trit + 1, so sum(t q) = sum(c q) - sum(q))
 fn row_value(acc: f32) -> f32 {
     return (acc - f32(x_sum())) / x_s();

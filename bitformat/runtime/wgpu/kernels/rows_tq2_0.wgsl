@@ -62,6 +62,19 @@ fn row_dot(base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
     return sum;
 }
 
+// no early loads for these rows (rows_i2_s.wgsl has them): row_dot_pre is row_dot
+struct Pre {
+    unused: u32,
+}
+
+fn row_pre(base: u32, r: u32, lane: u32, lanes: u32) -> Pre {
+    return Pre(0u);
+}
+
+fn row_dot_pre(p: Pre, base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
+    return row_dot(base, r, lane, lanes);
+}
+
 // the row's value before its per-tensor scale (the blocks' d are inside the sum)
 fn row_value(acc: f32) -> f32 {
     return acc / x_s();
