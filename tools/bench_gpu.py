@@ -86,6 +86,9 @@ def measure(m, a) -> dict:
     out["profile"]["kinds"] = {k: {"dispatches": v["dispatches"], "ms": v["seconds"] * 1e3,
                                    "mb": v["bytes"] / 1e6, "gbps": v["gbps"]}
                                for k, v in prof["kinds"].items()}
+    out["profile"]["labels"] = {k: {"dispatches": v["dispatches"], "ms": v["seconds"] * 1e3,
+                                    "mb": v["bytes"] / 1e6, "gbps": v["gbps"]}
+                                for k, v in prof.get("labels", {}).items()}
     return out
 
 
@@ -202,7 +205,8 @@ def main() -> None:
         res["configs"][cfg or "default"] = r
         p = r["profile"]
         kinds = ", ".join(f"{k} {v['dispatches']}x {v['ms']:.3f} ms"
-                          for k, v in sorted(p["kinds"].items(), key=lambda kv: -kv[1]["ms"]))
+                          for k, v in sorted((p.get("labels") or p["kinds"]).items(),
+                                             key=lambda kv: -kv[1]["ms"]))
         print(f"[{a.label} {cfg or 'default'}] decode full {r['full']['tok_s']:.1f} tok/s "
               f"{r['full']['rounds']}, screened "
               f"{r.get('screened', {}).get('tok_s', float('nan')):.1f}, prefill "

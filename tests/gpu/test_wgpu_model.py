@@ -149,12 +149,15 @@ def test_profile(nets):
     _, net = nets["tq2_0"]
     p = net.profile(length=8, repeats=1)
     kinds = p["kinds"]
-    assert {"embed", "norm", "matvec:tq2_0", "rope", "attention", "lm_head", "argmax"} <= set(
-        kinds)
-    assert kinds["matvec:tq2_0"]["dispatches"] == 6 * net.args.n_layers  # q k v o gate+up down
+    assert {"embed", "norm", "matvec:tq2_0", "attention", "lm_head", "argmax"} <= set(kinds)
+    # q|k|v, o, gate|up and down, each normalizing its own input; attention split + merge
+    assert kinds["matvec:tq2_0"]["dispatches"] == 4 * net.args.n_layers
+    assert kinds["attention"]["dispatches"] == 2 * net.args.n_layers
+    assert p["dispatches"] == net.dispatches_per_token == 6 * net.args.n_layers + 4
     assert all(k["seconds"] > 0 and k["bytes"] > 0 for k in kinds.values())
     assert p["token_seconds"] > 0 and p["gpu_seconds"] > 0
     assert p["clock"] in ("gpu-timestamps", "host")
+    assert (p["pass_seconds"] or 0) > 0 or p["clock"] == "host"
     with pytest.raises(RequestError, match="another sequence"):
         cache = net.new_cache(16)
         cache.length = 3  # a sequence the profile has overwritten

@@ -141,6 +141,7 @@ class Dispatch:
     grid: tuple[int, int, int]
     nbytes: int = 0  # bytes it reads (weights, activations), for GB/s
     nbytes_per_pos: int = 0  # plus this many per cached position (attention)
+    label: str = ""  # what it computes in the step (qkv, attn_split, ...), for profiles
 
     def encode(self, cpass: Any) -> None:
         cpass.set_pipeline(self.kernel.pipeline)
@@ -156,7 +157,7 @@ class Dispatch:
 #: lanes of a subgroup per matrix row in the fused kernels, by format (at most the subgroup
 #: size): 2-bit rows of 2560 values are 40 vec4 units (i2_s) or 160 words (stfma), tq rows 10
 #: blocks. ``BITFORMAT_WGPU_FUSED="i2_s=16,passes=2"`` overrides them (tools/gpu_check.sh).
-FUSED_LPR = {"i2_s": 32, "stfma": 32, "colpack_u32": 32, "tq2_0": 8, "tq1_0": 8, "head": 32}
+FUSED_LPR = {"i2_s": 8, "stfma": 32, "colpack_u32": 32, "tq2_0": 8, "tq1_0": 8, "head": 32}
 ENV_FUSED = "BITFORMAT_WGPU_FUSED"
 
 

@@ -254,13 +254,22 @@ class WgpuBitNet:
         merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=SPLIT, SPAR=SPAR,
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.part, self.state, self.o),
-                           (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 2))
+                           (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 2), label="attn_merge")
         at = len(self._embed)
         for i in range(a.n_layers):
             p = f"blk.{i}."
             if self._progress is not None and not trace:
                 self._progress(i, a.n_layers)
             L: list[Dispatch] = []
+            mark = 0
+
+            def label(name: str) -> None:
+                nonlocal mark
+                for d in L[mark:]:
+                    if not d.label:
+                        d.label = name
+                mark = len(L)
+
             names = [f"{p}attn_{x}.weight" for x in ("q", "k", "v")]
             tr = self._trace_buf(prog, i, 0, a.dim, trace)
             stack = be.stacked(names)
@@ -276,19 +285,23 @@ class WgpuBitNet:
                                     for n, y in zip(names, ys, strict=True)],
                                    self.h, self._gain(f"{p}attn_norm.weight"), 0, norm=True,
                                    trace=tr)
+            label("qkv")
             ng = self._qk_gains(p) if fam.qk_norm else self.cs
             prog.attention.append(at + sum(map(len, prog.layers)) + len(L))
             L.append(Dispatch("attention", attn,
                               dev.bind(attn, self.qkv, self.kc[i], self.vc[i], self.cs,
                                        self.state, self.part, ng),
-                              (a.n_kv_heads, 1, 1), 4 * (nq + 2 * kvd), 2 * 4 * kvd))
+                              (a.n_kv_heads, 1, 1), 4 * (nq + 2 * kvd), 2 * 4 * kvd,
+                              "attn_split"))
             L.append(merge_d)
+            mark = len(L)
             sub = fam.sub_norms
             tr = self._trace_buf(prog, i, 1, nq, trace)
             L += self._project([(be.weight(f"{p}attn_output.weight"), self.h,
                                  self._out_scale(f"{p}attn_output"))], self.o,
                                self._gain(f"{p}attn_sub_norm.weight") if sub else None, 1,
                                norm=sub, trace=tr)
+            label("o")
             tr = self._trace_buf(prog, i, 2, a.dim, trace)
             pair = be.pair(f"{p}ffn_gate.weight", f"{p}ffn_up.weight")
             combine = None
@@ -306,11 +319,13 @@ class WgpuBitNet:
                                    self.h, self._gain(f"{p}ffn_norm.weight"), 0, norm=True,
                                    trace=tr)
                 combine = self.u
+            label("gate_up")
             tr = self._trace_buf(prog, i, 3, a.hidden_dim, trace)
             L += self._project([(be.weight(f"{p}ffn_down.weight"), self.h,
                                  self._out_scale(f"{p}ffn_down"))], self.g,
                                self._gain(f"{p}ffn_sub_norm.weight") if sub else None, 1,
                                norm=sub, trace=tr, combine=combine)
+            label("down")
             prog.layers.append(L)
         prog.norm = self._norm_block(self.h, self._gain("output_norm.weight"), a.dim,
                                      quant=False, out=be.xf)
@@ -710,7 +725,7 @@ class WgpuBitNet:
             for i in prog.attention:
                 d = items[i]
                 items[i] = Dispatch(d.kind, d.kernel, d.group, (d.grid[0], s, 1), d.nbytes,
-                                    d.nbytes_per_pos)
+                                    d.nbytes_per_pos, d.label)
             runs = [self.dev.profile(items) for _ in range(max(1, repeats))]
             seq = self._seq(length, head=True, argmax=1)
             pass_s = self.dev.pass_seconds(seq, repeats)
@@ -732,10 +747,17 @@ class WgpuBitNet:
             k["dispatches"] += 1
             k["seconds"] += float(sec)
             k["bytes"] += d.nbytes + d.nbytes_per_pos * length
-        for k in kinds.values():
+        labels: dict[str, dict[str, float]] = {}
+        for d, sec in zip(items, secs, strict=True):
+            k = labels.setdefault(d.label or d.kind, {"dispatches": 0, "seconds": 0.0,
+                                                      "bytes": 0})
+            k["dispatches"] += 1
+            k["seconds"] += float(sec)
+            k["bytes"] += d.nbytes + d.nbytes_per_pos * length
+        for k in (*kinds.values(), *labels.values()):
             k["gbps"] = k["bytes"] / k["seconds"] / 1e9 if k["seconds"] else 0.0
         return {"device": self.dev.name, "clock": runs[0][1], "length": length,
-                "kinds": kinds, "gpu_seconds": float(secs.sum()), "pass_seconds": pass_s,
+                "kinds": kinds, "labels": labels, "gpu_seconds": float(secs.sum()), "pass_seconds": pass_s,
                 "dispatches": len(items),
                 "token_seconds": float(np.median(walls)),
                 "weight_bytes": int(sum(k["bytes"] for n, k in kinds.items()

@@ -114,7 +114,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid3: v
     if (MODE == 2u) {
         pre2 = row_pre(P.bound.w, r1, lane, lpr);
     }
-    quant_prologue(li, wid + wid3.z, sl, sid, ns);
+    quant_prologue(li, wid + wid3.z, sl, sid, ns, sgs);
     for (var k0 = sid * rps; k0 < RPW; k0 += ns * rps) {
         let k = k0 + sl / lpr;
         let r = wid * RPW + k;

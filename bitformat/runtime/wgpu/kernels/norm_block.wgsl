@@ -36,8 +36,8 @@ var<workgroup> X: array<vec4<u32>, XV4>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_id) sid: u32,
-        @builtin(num_subgroups) ns: u32) {
+        @builtin(subgroup_size) sgs: u32, @builtin(subgroup_invocation_id) sl: u32,
+        @builtin(subgroup_id) sid: u32, @builtin(num_subgroups) ns: u32) {
     abase = wid.z * (COLS / 4u);  // batched: one workgroup per token
     if (QUANT == 0u) {
         var ss = 0.0;
@@ -60,7 +60,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         }
         return;
     }
-    quant_prologue(li, 0u, sl, sid, ns);
+    quant_prologue(li, wid.z, sl, sid, ns, sgs);
     for (var i = li; i < XV4; i += WGS) {
         Q[wid.z * XV4 + i] = X[i];
     }

@@ -28,7 +28,6 @@ const QOFF: u32 = 256u;
 
 var<workgroup> red: array<vec2<f32>, 64>;  // (sum, max) per subgroup (subgroups >= 4 lanes)
 var<workgroup> bsum: array<atomic<i32>, NBLK>;
-var<workgroup> qtotal: atomic<i32>;
 var<private> abase: u32;  // first vec4 of this workgroup's input row (batched prefill: token t)
 
 // the FFN gate's activation: relu(g)^2 (ACT 0, BitNet 2B-4T) or silu (ACT 1)
@@ -67,23 +66,54 @@ fn pack4(q: vec4<i32>) -> u32 {
     return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
 }
 
+// sum of v over aligned groups of `seg` lanes (a power of two <= the subgroup size)
+fn seg_sum(v: i32, seg: u32) -> i32 {
+    var t = v;
+    for (var o = seg / 2u; o > 0u; o >>= 1u) {
+        t += subgroupShuffleXor(t, o);
+    }
+    return t;
+}
+
 // Fills X. Every invocation of the workgroup must call it (it has barriers).
-fn quant_prologue(li: u32, wid: u32, sl: u32, sid: u32, ns: u32) {
+// Invocation (sid, sl) takes units u = k WGS + sid sgs + sl (16 values each): neighbouring
+// lanes hold neighbouring units, so a block's 16 units are 16 lanes of one subgroup (or 2 x 8,
+// ...) and its sum needs one atomic per subgroup segment. The first PF units of an
+// invocation stay in registers between the two passes (COLS <= PF * 4096 reads x and g once).
+const PF: u32 = 2u;
+
+fn quant_prologue(li: u32, wid: u32, sl: u32, sid: u32, ns: u32, sgs: u32) {
     let nblk = (COLS + 255u) / 256u;
+    let nu = nblk * 16u;
+    let ub = sid * sgs + sl;
     for (var b = li; b < nblk; b += WGS) {
         atomicStore(&bsum[b], 0i);
     }
-    if (li == 0u) {
-        atomicStore(&qtotal, 0i);
-    }
-    // pass 1: sum of squares and max |x g|, one coalesced vec4 of x and of g at a time
+    // pass 1: sum of squares and max |x g|
+    var xs: array<vec4<f32>, 8>;
+    var gs: array<vec4<f32>, 8>;
     var ss = 0.0;
     var mx = 0.0;
-    for (var j = li; j < COLS / 4u; j += WGS) {
-        let x = x4(j);
-        let y = abs(x * g4(j));
-        ss += dot(x, x);
-        mx = max(mx, max(max(y.x, y.y), max(y.z, y.w)));
+    for (var k = 0u; k < PF; k++) {
+        let u = k * WGS + ub;
+        for (var i = 0u; i < 4u; i++) {
+            xs[4u * k + i] = x4(4u * u + i);
+            gs[4u * k + i] = g4(4u * u + i);
+        }
+        for (var i = 0u; i < 4u; i++) {
+            let x = xs[4u * k + i];
+            let y = abs(x * gs[4u * k + i]);
+            ss += dot(x, x);
+            mx = max(mx, max(max(y.x, y.y), max(y.z, y.w)));
+        }
+    }
+    for (var j = PF * WGS * 4u + 4u * ub; j < COLS / 4u; j += WGS * 4u) {
+        for (var i = 0u; i < 4u; i++) {
+            let x = x4(j + i);
+            let y = abs(x * g4(j + i));
+            ss += dot(x, x);
+            mx = max(mx, max(max(y.x, y.y), max(y.z, y.w)));
+        }
     }
     let part = vec2<f32>(subgroupAdd(ss), subgroupMax(mx));
     if (sl == 0u) {
@@ -101,32 +131,36 @@ fn quant_prologue(li: u32, wid: u32, sl: u32, sid: u32, ns: u32) {
     }
     let s = 127.0 / max(tot.y / r, 1e-5);
     let trace = TRACE == 1u && wid == 0u;
-    // pass 2: 16 values per invocation (four vec4 loads of x and of g in flight), one vec4 of
-    // activation words each
-    for (var u = li; u < nblk * 16u; u += WGS) {
-        var xs: array<vec4<f32>, 4>;
-        var gs: array<vec4<f32>, 4>;
-        for (var i = 0u; i < 4u; i++) {
-            xs[i] = x4(4u * u + i);
-            gs[i] = g4(4u * u + i);
-        }
+    let seg = min(16u, sgs);
+    // pass 2: quantize, one vec4 of activation words per unit
+    for (var k = 0u; k < (nu + WGS - 1u) / WGS; k++) {
+        let u = k * WGS + ub;
         var plain = vec4<u32>(0u);
         var qs: array<vec4<i32>, 4>;
         var us = 0i;
         for (var i = 0u; i < 4u; i++) {
-            var y = xs[i];
+            var x: vec4<f32>;
+            var g: vec4<f32>;
+            if (k < PF) {
+                x = xs[4u * k + i];
+                g = gs[4u * k + i];
+            } else {
+                x = x4(4u * u + i);
+                g = g4(4u * u + i);
+            }
+            var y = x;
             if (NORM == 1u) {
-                y = y / r * gs[i];
+                y = x / r * g;
             }
             let q = vec4<i32>(clamp(round(y * s), vec4<f32>(-128.0), vec4<f32>(127.0)));
             qs[i] = q;
             plain[i] = pack4(q);
             us += q.x + q.y + q.z + q.w;
             if (trace) {
-                for (var k = 0u; k < 4u; k++) {
-                    let e = 16u * u + 4u * i + k;
+                for (var c = 0u; c < 4u; c++) {
+                    let e = 16u * u + 4u * i + c;
                     if (e < COLS) {
-                        T[4u + e] = bitcast<u32>(y[k]);
+                        T[4u + e] = bitcast<u32>(y[c]);
                     }
                 }
             }
@@ -137,22 +171,30 @@ fn quant_prologue(li: u32, wid: u32, sl: u32, sid: u32, ns: u32) {
                 words[g] = pack4(vec4<i32>(qs[0][g], qs[1][g], qs[2][g], qs[3][g]));
             }
         }
-        X[QOFF / 4u + u] = words;
-        if (trace) {
-            for (var i = 0u; i < 4u; i++) {
-                T[4u + COLS + 4u * u + i] = plain[i];
+        let bs = seg_sum(us, seg);
+        if (u < nu) {
+            X[QOFF / 4u + u] = words;
+            if (trace) {
+                for (var i = 0u; i < 4u; i++) {
+                    T[4u + COLS + 4u * u + i] = plain[i];
+                }
+            }
+            if (sl % seg == 0u) {
+                atomicAdd(&bsum[u / 16u], bs);
             }
         }
-        atomicAdd(&bsum[u / 16u], us);
-        atomicAdd(&qtotal, us);
     }
     workgroupBarrier();
     for (var b = li; b < nblk; b += WGS) {
         X[(4u + b) / 4u][(4u + b) % 4u] = bitcast<u32>(atomicLoad(&bsum[b]));
     }
     if (li == 0u) {
+        var total = 0i;
+        for (var b = 0u; b < nblk; b++) {
+            total += atomicLoad(&bsum[b]);
+        }
         X[0][0] = bitcast<u32>(s);
-        X[0][1] = bitcast<u32>(atomicLoad(&qtotal));
+        X[0][1] = bitcast<u32>(total);
         if (trace) {
             T[0] = bitcast<u32>(s);
         }
