@@ -26,8 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 if "bitformat" not in sys.modules and not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -96,7 +94,7 @@ def check_tiny(a) -> int:
     """Every family (tiny presets) and container: GPU greedy tokens == numpy's."""
     import tempfile
 
-    from bitformat.container import convert, open_model
+    from bitformat.container import convert
     from bitformat.formats import FORMAT_IDS
     from bitformat.runtime import generate_step, load
     from bitformat.synth import synth

@@ -192,3 +192,117 @@ def test_loader_registration(tiny_all, adapter, monkeypatch):
         assert m.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens == want
         monkeypatch.setattr(m.net, "forward", None)  # greedy takes the GPU argmax: no logits
         assert m.generate(PROMPT, max_new_tokens=12, stop_ids=[]).tokens == want
+
+
+# -- the fused network: every family, batched prompts, the step in flight, long contexts ------
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory):
+    from bitformat.synth import synth
+
+    d = tmp_path_factory.mktemp("families")
+    return {p: synth(p, d / f"{p}.gguf") for p in ("tiny-1bitllm", "tiny-llama", "tiny-qwen3")}
+
+
+@pytest.mark.parametrize("preset", ["tiny-1bitllm", "tiny-llama", "tiny-qwen3"])
+def test_every_family_runs_the_fused_step(family_models, preset, gpu, monkeypatch):
+    """1bitLLM (SiLU, no GQA), Llama (no sub-norms, permuted q/k rows, untied head) and Qwen3
+    (q/k norms) through the same 6 dispatches a layer: logits with the GPU's int8 activations
+    to 1e-5, greedy tokens identical, and the loader picks the fused network."""
+    from bitformat.runtime import load
+    from bitformat.runtime.models import model_class
+
+    path = family_models[preset]
+    c = open_model(path)
+    try:
+        args = args_of(c)
+        net = WgpuBitNet(args, WgpuBackend(c, device=gpu))
+        assert net.dispatches_per_token == 6 * args.n_layers + 4
+        ref = model_class(args)(args, NumpyBackend(c))
+        want = list(generate_step(ref, PROMPT, max_new_tokens=16))
+        assert net.generate_greedy(PROMPT, 16) == want
+        net.trace, net.trace_log = True, []
+        got = net.forward(PROMPT, net.new_cache(len(PROMPT)), all_logits=True)
+        net.trace = False
+        shared = GpuQuant(monkeypatch, net.trace_log)
+        with_gpu_q = ref.forward(PROMPT, ref.new_cache(len(PROMPT)), all_logits=True)
+        assert shared.n == 4 * args.n_layers
+        assert rel_err(got, with_gpu_q) < 1e-5, preset
+    finally:
+        c.close()
+    with load(path, backend="wgpu") as m:
+        assert type(m.net) is WgpuBitNet
+
+
+def test_batched_prompt_equals_token_by_token(nets, gpu, tiny_all):
+    """A prompt runs as batched chunks (here of 8 tokens: 5 chunks, the last partial) with
+    the same logits as one token at a time, and greedy decoding continues from it."""
+    c, _ = nets["i2_s"]
+    be = WgpuBackend(c, device=gpu)
+    net = WgpuBitNet(args_of(c), be)
+    saved = dict(gpu.tuning)
+    gpu.tuning["batch"] = 8
+    try:
+        net2 = WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu))
+    finally:
+        gpu.tuning.clear()
+        gpu.tuning.update(saved)
+    prompt = [(7 * i + 3) % net.args.vocab_size for i in range(37)]
+    steps = net2.host_steps
+    batched = net2.forward(prompt, net2.new_cache(len(prompt)))
+    assert net2.host_steps - steps == 5  # ceil(37 / 8) command buffers
+    one_by_one = net.forward(prompt, net.new_cache(len(prompt)), all_logits=True)[-1:]
+    assert rel_err(batched, one_by_one) < 1e-5
+    ref = BitNet(net.args, NumpyBackend(c))
+    assert net2.generate_greedy(prompt, 12) == list(generate_step(ref, prompt,
+                                                                  max_new_tokens=12))
+
+
+def test_the_step_in_flight_is_dropped_when_the_caller_goes_elsewhere(nets):
+    """greedy() submits the step after each token before returning it; a call with another
+    token (a sampled one), another cache, or logits instead, must not see that step."""
+    c, net = nets["stfma"]
+    ref = BitNet(net.args, NumpyBackend(c))
+    cache = net.new_cache(40)
+    seq = list(PROMPT)
+    t = net.greedy(seq, cache)
+    seq.append(t)
+    t = net.greedy([t], cache)  # collected from the step in flight
+    other = (t + 1) % net.args.vocab_size  # as if sampled: not the device's argmax
+    seq.append(other)
+    got = net.greedy([other], cache)
+    want = int(np.argmax(ref.forward(seq, ref.new_cache(len(seq)))[-1]))
+    assert got == want
+    seq.append(got)
+    logits = net.forward([got], cache)[-1]  # logits while a step is in flight
+    np.testing.assert_allclose(logits, ref.forward(seq, ref.new_cache(len(seq)))[-1],
+                               rtol=1e-4, atol=1e-4 * np.abs(logits).max())
+    fresh = net.new_cache(20)  # a new sequence while one is in flight
+    assert net.greedy(PROMPT[:5], fresh) == int(np.argmax(
+        ref.forward(PROMPT[:5], ref.new_cache(5))[-1]))
+    assert cache.length == len(seq)
+
+
+def test_long_contexts_split_attention_into_runs(nets):
+    """Past 32 positions a step's attention is split into runs (flash-decoding) and merged:
+    a 230-token prompt (8 runs at the end) and its continuation give numpy's tokens."""
+    from bitformat.runtime.wgpu.network import splits
+
+    c, net = nets["i2_s"]
+    assert [splits(n) for n in (1, 32, 33, 230, 1024, 8192, 8193)] == [1, 1, 2, 8, 32, 32, 33]
+    prompt = [(11 * i + 5) % net.args.vocab_size for i in range(230)]
+    ref = BitNet(net.args, NumpyBackend(c))
+    assert net.generate_greedy(prompt, 20) == list(generate_step(ref, prompt,
+                                                                 max_new_tokens=20))
+
+
+def test_without_subgroups_the_model_runs_op_by_op(tiny_gguf, adapter, monkeypatch):
+    from bitformat.runtime import load
+    from bitformat.runtime.wgpu import device as D
+
+    with load(tiny_gguf, backend="numpy") as ref:
+        want = ref.generate(PROMPT, max_new_tokens=6, stop_ids=[]).tokens
+    monkeypatch.setattr(D.GpuDevice, "_probe_subgroup",
+                        lambda self: setattr(self, "subgroups", False) or 0)
+    with load(tiny_gguf, backend="wgpu") as m:
+        assert not m.backend.dev.subgroups and type(m.net).__name__ == "BitNet"
+        assert m.generate(PROMPT, max_new_tokens=6, stop_ids=[]).tokens == want

@@ -150,7 +150,8 @@ class Dispatch:
 
     @property
     def raw(self) -> tuple:
-        """(pipeline, bind group, x, y, z) as wgpu-native handles, for :meth:`GpuDevice.encode_raw`."""
+        """(pipeline, bind group, x, y, z): wgpu-native handles for
+        :meth:`GpuDevice.encode_raw`."""
         return (self.kernel.pipeline._internal, self.group._internal, *self.grid)
 
 

@@ -44,13 +44,20 @@ from ...errors import RequestError, UnsupportedConversionError
 from ..exact_head import Head
 from ..models.base import ModelArgs
 from ..sampling import Sampler
-from .backend import GpuMatrix, GpuRans, WgpuBackend, fused_subs
+from .backend import GpuMatrix, WgpuBackend, fused_subs
 from .device import Dispatch
 
 #: attention runs: at least SPLIT positions each, up to SPAR runs while a run would exceed
 #: SPLIT, at most CMAX positions a run (attn_merge.wgsl)
 SPLIT, SPAR, CMAX = 32, 32, 256
 RING = 4  # mapped buffers the greedy tokens come back through
+
+
+def _label(items: list[Dispatch], mark: int, name: str) -> int:
+    """Name the step part of the dispatches added since ``mark``; the new mark."""
+    for d in items[mark:]:
+        d.label = d.label or name
+    return len(items)
 
 
 def splits(length: int) -> int:
@@ -154,7 +161,8 @@ class WgpuBitNet:
         self.u = dev.buffer(f32 * a.hidden_dim, "u")
         self.logits = dev.buffer(f32 * a.vocab_size, "logits")
         self.result = dev.buffer(16, "argmax")
-        self.state = dev.buffer(16 + 4 * max(1, int(dev.tuning.get("batch", 128))), "state")
+        self._tb = max(1, int(dev.tuning.get("batch", 128)))  # a batched prompt's chunk
+        self.state = dev.buffer(16 + 4 * self._tb, "state")
         self.part = dev.buffer(f32 * a.n_heads * self.smax * (hd + 2), "attention runs")
         self.kc = [dev.buffer(f32 * self.max_len * kvd, f"k_cache.{i}") for i in range(a.n_layers)]
         self.vc = [dev.buffer(f32 * self.max_len * kvd, f"v_cache.{i}") for i in range(a.n_layers)]
@@ -262,14 +270,6 @@ class WgpuBitNet:
                 self._progress(i, a.n_layers)
             L: list[Dispatch] = []
             mark = 0
-
-            def label(name: str) -> None:
-                nonlocal mark
-                for d in L[mark:]:
-                    if not d.label:
-                        d.label = name
-                mark = len(L)
-
             names = [f"{p}attn_{x}.weight" for x in ("q", "k", "v")]
             tr = self._trace_buf(prog, i, 0, a.dim, trace)
             stack = be.stacked(names)
@@ -285,7 +285,7 @@ class WgpuBitNet:
                                     for n, y in zip(names, ys, strict=True)],
                                    self.h, self._gain(f"{p}attn_norm.weight"), 0, norm=True,
                                    trace=tr)
-            label("qkv")
+            mark = _label(L, mark, "qkv")
             ng = self._qk_gains(p) if fam.qk_norm else self.cs
             prog.attention.append(at + sum(map(len, prog.layers)) + len(L))
             L.append(Dispatch("attention", attn,
@@ -301,7 +301,7 @@ class WgpuBitNet:
                                  self._out_scale(f"{p}attn_output"))], self.o,
                                self._gain(f"{p}attn_sub_norm.weight") if sub else None, 1,
                                norm=sub, trace=tr)
-            label("o")
+            mark = _label(L, mark, "o")
             tr = self._trace_buf(prog, i, 2, a.dim, trace)
             pair = be.pair(f"{p}ffn_gate.weight", f"{p}ffn_up.weight")
             combine = None
@@ -319,13 +319,13 @@ class WgpuBitNet:
                                    self.h, self._gain(f"{p}ffn_norm.weight"), 0, norm=True,
                                    trace=tr)
                 combine = self.u
-            label("gate_up")
+            mark = _label(L, mark, "gate_up")
             tr = self._trace_buf(prog, i, 3, a.hidden_dim, trace)
             L += self._project([(be.weight(f"{p}ffn_down.weight"), self.h,
                                  self._out_scale(f"{p}ffn_down"))], self.g,
                                self._gain(f"{p}ffn_sub_norm.weight") if sub else None, 1,
                                norm=sub, trace=tr, combine=combine)
-            label("down")
+            mark = _label(L, mark, "down")
             prog.layers.append(L)
         prog.norm = self._norm_block(self.h, self._gain("output_norm.weight"), a.dim,
                                      quant=False, out=be.xf)
@@ -374,15 +374,13 @@ class WgpuBitNet:
         if any(x is None or not isinstance(x, GpuMatrix)
                for x in (*stacks, *pairs, *outs, *downs)):
             return None
-        tb = max(1, int(dev.tuning.get("batch", 128)))
+        tb = self._tb
         f32, qkvs = 4, nq + 2 * kvd
         self.hb = dev.buffer(f32 * tb * a.dim, "h.batch")
         self.qkvb = dev.buffer(f32 * tb * qkvs, "qkv.batch")
         self.ob = dev.buffer(f32 * tb * nq, "o.batch")
         self.gb = dev.buffer(f32 * tb * a.hidden_dim, "g.batch")
         self.partb = dev.buffer(f32 * tb * a.n_heads * self.smax * (hd + 2), "runs.batch")
-        if self.state.size < 16 + 4 * tb:
-            raise AssertionError("the state buffer holds no prompt ids")
         b = _Batch(tokens=tb)
         emb = be.embedding
         k = dev.kernel("embed_step", DIM=emb.dim, DTYPE=emb.dtype, BATCH=1)
@@ -757,8 +755,8 @@ class WgpuBitNet:
         for k in (*kinds.values(), *labels.values()):
             k["gbps"] = k["bytes"] / k["seconds"] / 1e9 if k["seconds"] else 0.0
         return {"device": self.dev.name, "clock": runs[0][1], "length": length,
-                "kinds": kinds, "labels": labels, "gpu_seconds": float(secs.sum()), "pass_seconds": pass_s,
-                "dispatches": len(items),
+                "kinds": kinds, "labels": labels, "gpu_seconds": float(secs.sum()),
+                "pass_seconds": pass_s, "dispatches": len(items),
                 "token_seconds": float(np.median(walls)),
                 "weight_bytes": int(sum(k["bytes"] for n, k in kinds.items()
                                         if n.startswith("matvec") or n == "lm_head"))}
