@@ -291,6 +291,7 @@ def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: i
         key = "ternary" if kind.startswith("matvec") else GPU_CLASS.get(kind, "other")
         secs[key] += k["seconds"]
     prof["dispatches_per_token"] = net.dispatches_per_token
+    prof["fused"] = net.dev.fused
     prof["host_us_per_token"] = net.host_seconds / max(1, net.host_steps) * 1e6
     screened = None if net.head.unavailable else _run_screened(net, prompt, tokens, out)
     return secs, wall, out, load_s, prof, screened

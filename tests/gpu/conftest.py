@@ -23,14 +23,17 @@ def adapter():
 
 @pytest.fixture(scope="session")
 def devices(adapter):
-    """``get(lanes=1, x_space=None, max_binding=None)`` -> a cached :class:`GpuDevice`."""
+    """``get(lanes=1, x_space=None, max_binding=None, fused=True)`` -> a cached
+    :class:`GpuDevice`. ``fused=True`` (the default here, a GPU's default) runs the decode
+    step's fused kernels on lavapipe too, whose own default is the op-by-op kernels."""
     cache: dict[tuple, GpuDevice] = {}
 
-    def get(lanes: int = 1, x_space: str | None = None, max_binding: int | None = None):
-        key = (lanes, x_space, max_binding)
+    def get(lanes: int = 1, x_space: str | None = None, max_binding: int | None = None,
+            fused: bool | None = True):
+        key = (lanes, x_space, max_binding, fused)
         if key not in cache:
             cache[key] = GpuDevice(adapter, lanes=lanes, x_space=x_space,
-                                   max_binding=max_binding)
+                                   max_binding=max_binding, fused=fused)
         return cache[key]
 
     return get

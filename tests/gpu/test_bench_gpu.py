@@ -34,7 +34,10 @@ def test_bench_wgpu(tiny_gguf, adapter, tmp_path):
         # the classes are kernel times of one step; the wall time adds submit and readback
         assert sum(v["seconds"] for v in kinds.values()) * 1e3 == pytest.approx(c["kernel_ms"])
         assert c["detail"]["dispatches_per_token"] >= 16 and c["detail"]["host_us_per_token"] > 0
-    assert res["containers"][0]["detail"]["dispatches_per_token"] == 16  # 6 a layer + 4
+    # 6 a layer + 4 where mat-vecs quantize their own input (GPUs), else a norm before each
+    # input's mat-vecs: 12 a layer + 4 (lavapipe's default)
+    d = res["containers"][0]["detail"]
+    assert d["dispatches_per_token"] == (16 if d["fused"] else 28)
     assert "rans:gather" in res["containers"][2]["detail"]["kinds"]
     assert "rans:gather" not in res["containers"][1]["detail"]["kinds"]
     assert res["containers"][1]["tokens"] == res["containers"][2]["tokens"]

@@ -50,7 +50,6 @@ WG = 64
 #: the activation layout each format's rows read in the fused kernels (0 plain, 1 slot16)
 FUSED_LAYOUT = {"i2_s": 0, "tq2_0": 0, "tq1_0": 0, "stfma": 1, "colpack_u32": 1}
 FUSED_WGS = 256  # invocations per workgroup of the fused kernels
-HEAD_RPW = 32  # head rows per workgroup of lm_head_step.wgsl / lm_head_rows_step.wgsl
 
 
 def activation_block(q: np.ndarray, s: float) -> np.ndarray:
@@ -375,7 +374,8 @@ class GpuEmbedding:
     @property
     def n_parts(self) -> int:
         """Workgroups of ``lm_head_step.wgsl`` over every chunk (one largest logit each)."""
-        return sum(-(-n // HEAD_RPW) for _, n, _ in self.chunks)
+        _, rpw = self.dev.head_shape()
+        return sum(-(-n // rpw) for _, n, _ in self.chunks)
 
     def head_dispatches(self, x: Any, logits: Any, parts: Any = None) -> list[Dispatch]:
         """The head's logits of ``x`` into ``logits``, one dispatch per chunk: with subgroups
@@ -383,18 +383,18 @@ class GpuEmbedding:
         ``parts``, :attr:`n_parts` pairs), else ``lm_head.wgsl``."""
         dev, out = self.dev, []
         if dev.subgroups:
-            lpr, _ = dev.fused_shape("head")
+            lpr, rpw = dev.head_shape()
             if parts is None:
                 parts = dev.buffer(8 * self.n_parts, f"{self.name}.maxima")
             pbase = 0
             for r0, n, buf in self.chunks:
                 k = dev.kernel("lm_head_step", ROWS=n, DIM=self.dim, DTYPE=self.dtype,
-                               RPW=HEAD_RPW, LPR=lpr)
+                               RPW=rpw, LPR=lpr)
                 p = dev.uniform(np.array([r0, pbase, 0, 0], np.uint32))
                 out.append(Dispatch("lm_head", k, dev.bind(k, x, buf, p, logits, parts),
-                                    dev.grid(-(-n // HEAD_RPW)),
+                                    dev.grid(-(-n // rpw)),
                                     n * self.row_bytes + 4 * self.dim))
-                pbase += -(-n // HEAD_RPW)
+                pbase += -(-n // rpw)
             return out
         for r0, n, buf in self.chunks:
             k = dev.kernel("lm_head", ROWS=n, DIM=self.dim, DTYPE=self.dtype, LANES=dev.lanes)

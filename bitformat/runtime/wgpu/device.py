@@ -67,8 +67,8 @@ BINDINGS: dict[str, tuple[str, ...]] = {
     "attn_merge": ("read", "read", "storage"),
     "kv_write": ("read", "storage", "storage", "read", "read", "read"),
     "embed_step": ("read", "uniform", "read", "storage"),
-    "lm_head_step": ("read", "read", "uniform", "storage", "storage"),
-    "lm_head_rows_step": ("read", "read", "uniform", "storage", "read"),
+    "lm_head_step": ("x", "read", "uniform", "storage", "storage"),
+    "lm_head_rows_step": ("x", "read", "uniform", "storage", "read"),
     "argmax_step": ("read", "storage", "storage"),
 }
 
@@ -175,13 +175,16 @@ class GpuDevice:
     """A wgpu device with the limits and features the backend needs.
 
     ``max_binding`` caps the bytes of one storage binding below the adapter's limit (tests use
-    it to force splitting); ``lanes`` is the invocations per matrix row (default 1 on CPU
-    adapters such as lavapipe, 16 elsewhere); ``x_space`` is "uniform" or "storage" for the
-    activation bindings (default uniform with one lane, storage with several).
+    it to force splitting); ``lanes`` is the invocations per matrix row of the op-by-op
+    kernels (default 1 on CPU adapters such as lavapipe, 16 elsewhere); ``x_space`` is
+    "uniform" or "storage" for the activation bindings (default uniform with one lane, storage
+    with several); ``fused`` whether the decode step's mat-vecs quantize their own input
+    (default: on GPUs, not on CPU adapters).
     """
 
     def __init__(self, adapter: Any = None, *, max_binding: int | None = None,
-                 lanes: int | None = None, x_space: str | None = None):
+                 lanes: int | None = None, x_space: str | None = None,
+                 fused: bool | None = None):
         import wgpu
 
         self.wgpu = wgpu
@@ -210,13 +213,22 @@ class GpuDevice:
         self.subgroups = "subgroup" in self.device.features
         self.subgroup_size = self._probe_subgroup() if self.subgroups else 0
         self._raw = _raw_calls()
-        self.tuning = {**FUSED_LPR, "passes": 1, **_fused_tuning()}
-        self._scratch: Any = None
         self.is_cpu = self.info.get("adapter_type") == "CPU"
         self.lanes = int(lanes or (1 if self.is_cpu else 16))
         if self.lanes not in (1, 2, 4, 8, 16, 32, 64):
             raise UnsupportedConversionError(f"lanes must be a power of two <= 64, got {lanes}")
         self.x_space = x_space or ("uniform" if self.lanes == 1 else "storage")
+        # one lane a row on CPU adapters (lavapipe streams a row per invocation best, as the
+        # op-by-op kernels found; its shuffles cost more than they save)
+        lpr = dict.fromkeys(FUSED_LPR, 1) if self.is_cpu else FUSED_LPR
+        self.tuning = {**lpr, "passes": 1, **_fused_tuning()}
+        #: whether the decode step's mat-vecs quantize their own input (fused_matvec.wgsl) or
+        #: read the activation block one norm_block dispatch wrote (the op-by-op kernels):
+        #: fused on GPUs; on CPU adapters a workgroup-memory block costs llvmpipe a gather
+        #: per read, where the op-by-op kernels read a uniform buffer (5-8x faster there)
+        self.fused = (not self.is_cpu) if fused is None else bool(fused)
+        self._scratch: Any = None
+
         if self.x_space not in _X_TYPES:
             raise UnsupportedConversionError(f"x_space must be uniform or storage, not "
                                              f"{x_space!r}")
@@ -257,6 +269,12 @@ class GpuDevice:
         """(lanes per row, rows per workgroup) of a fused kernel for this format's rows."""
         lpr = max(1, min(int(self.tuning.get(encoding, 32)), self.subgroup_size or 1))
         return lpr, 256 // lpr * max(1, int(self.tuning["passes"]))
+
+    def head_shape(self) -> tuple[int, int]:
+        """(lanes per row, rows per workgroup) of the head kernels (lm_head_step.wgsl,
+        lm_head_rows_step.wgsl): at least 32 rows a workgroup, whole passes of its subgroups."""
+        lpr, _ = self.fused_shape("head")
+        return lpr, max(32, 256 // lpr)
 
     @property
     def scratch(self) -> Any:

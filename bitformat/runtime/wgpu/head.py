@@ -28,7 +28,6 @@ import numpy as np
 
 from ...constants import GGMLType
 from .. import exact_head as EH
-from .backend import HEAD_RPW
 from .device import UNIFORM_WORDS, Dispatch, GpuDevice
 
 WG = 64
@@ -100,10 +99,10 @@ class GpuScreenedHead:
         self.ids = dev.buffer(4 * V, "head_rows.ids")
         self.out = dev.buffer(4 * V, "head_rows.logits")
         if dev.subgroups:  # the full head is lm_head_step.wgsl: the same per-row arithmetic
-            lpr, _ = dev.fused_shape("head")
-            self.kr = dev.kernel("lm_head_rows_step", DIM=dim, DTYPE=head.dtype,
-                                 RPW=HEAD_RPW, LPR=lpr)
-            self.rows_per_group = HEAD_RPW
+            lpr, rpw = dev.head_shape()
+            self.kr = dev.kernel("lm_head_rows_step", DIM=dim, DTYPE=head.dtype, RPW=rpw,
+                                 LPR=lpr)
+            self.rows_per_group = rpw
         else:
             self.kr = dev.kernel("lm_head_rows", DIM=dim, DTYPE=head.dtype, LANES=dev.lanes)
             self.rows_per_group = WG // dev.lanes

@@ -208,36 +208,39 @@ class WgpuBitNet:
         """One workgroup: the activation block of ``src`` into the backend's X (``quant``), or
         the f32 RMSNorm into ``out``."""
         dev, a = self.dev, self.args
-        k = dev.kernel("norm_block", fused_subs("", n), COLS=n, QUANT=int(quant),
+        subs = fused_subs("", n)
+        subs["XV4"] = str(64 + 2 * (-(-n // 256) * 16))  # both layouts (the op-by-op block)
+        k = dev.kernel("norm_block", subs, COLS=n, QUANT=int(quant),
                        NORM=int(norm), COMBINE=int(combine is not None),
                        ACT=int(a.family.activation == "silu"), EPS=np.float32(a.norm_eps),
-                       LAYOUT=0, TRACE=int(trace is not None))
+                       LAYOUT=2, TRACE=int(trace is not None))
         g = dev.bind(k, src, combine if combine is not None else src,
                      gain if gain is not None else src, self.be.x if quant else dev.scratch,
                      out if out is not None else dev.scratch,
                      trace if trace is not None else dev.scratch)
         return Dispatch("norm", k, g, (1, 1, 1), 4 * n * (2 + (combine is not None)))
 
-    def _project(self, mats: list[tuple[Any, Any, float]], src: Any, gain: Any, mode: int, *,
-                 norm: bool, trace: Any, combine: Any = None) -> list[Dispatch]:
+    def _project(self, mats: list[tuple[Any, Any, tuple[float, float]]], src: Any, gain: Any,
+                 mode: int, *, norm: bool, trace: Any, combine: Any = None) -> list[Dispatch]:
         """The dispatches of matrices that read one input: ``mats`` = (GpuMatrix or GpuRans,
-        output binding, out scale) each; row matrices fused with the input's quantization,
-        rans matrices after one ``norm_block``."""
+        output binding, out scales) each. On a device that fuses (``dev.fused``) row matrices
+        quantize their input themselves; otherwise (CPU adapters, rans matrices) one
+        ``norm_block`` writes the activation block and the op-by-op kernels read it."""
         a, out = self.args, []
         act = int(a.family.activation == "silu")
         n = mats[0][0].cols
         block_done = False
         for m, y, osc in mats:
-            if isinstance(m, GpuMatrix):
+            if isinstance(m, GpuMatrix) and self.dev.fused:
                 out += m.fused_dispatches(src, gain, y, mode, norm=norm, act=act,
                                           eps=a.norm_eps, combine=combine, trace=trace,
-                                          out_scales=[osc] * 4)
+                                          out_scales=list(osc) * 2)
             else:
                 if not block_done:
                     out.append(self._norm_block(src, gain, n, quant=True, norm=norm,
                                                 combine=combine, trace=trace))
                     block_done = True
-                out += m.dispatches(self.be.x, y, mode, (osc, 1.0))
+                out += m.dispatches(self.be.x, y, mode, osc)
             trace = None  # one quantization traced per input
         return out
 
@@ -272,7 +275,7 @@ class WgpuBitNet:
             mark = 0
             names = [f"{p}attn_{x}.weight" for x in ("q", "k", "v")]
             tr = self._trace_buf(prog, i, 0, a.dim, trace)
-            stack = be.stacked(names)
+            stack = be.stacked(names) if dev.fused else None
             if stack is not None:
                 osc = [self._out_scale(n[:-7]) for n in names]
                 L += stack.fused_dispatches(self.h, self._gain(f"{p}attn_norm.weight"),
@@ -281,7 +284,7 @@ class WgpuBitNet:
             else:
                 offs = (0, nq, nq + kvd, nq + 2 * kvd)
                 ys = [(self.qkv, 4 * offs[j], 4 * (offs[j + 1] - offs[j])) for j in range(3)]
-                L += self._project([(be.weight(n), y, self._out_scale(n[:-7]))
+                L += self._project([(be.weight(n), y, (self._out_scale(n[:-7]), 1.0))
                                     for n, y in zip(names, ys, strict=True)],
                                    self.h, self._gain(f"{p}attn_norm.weight"), 0, norm=True,
                                    trace=tr)
@@ -298,31 +301,29 @@ class WgpuBitNet:
             sub = fam.sub_norms
             tr = self._trace_buf(prog, i, 1, nq, trace)
             L += self._project([(be.weight(f"{p}attn_output.weight"), self.h,
-                                 self._out_scale(f"{p}attn_output"))], self.o,
+                                 (self._out_scale(f"{p}attn_output"), 1.0))], self.o,
                                self._gain(f"{p}attn_sub_norm.weight") if sub else None, 1,
                                norm=sub, trace=tr)
             mark = _label(L, mark, "o")
             tr = self._trace_buf(prog, i, 2, a.dim, trace)
-            pair = be.pair(f"{p}ffn_gate.weight", f"{p}ffn_up.weight")
+            # the op-by-op pair kernel's epilogue is relu^2 only
+            pair = be.pair(f"{p}ffn_gate.weight", f"{p}ffn_up.weight") \
+                if dev.fused or fam.activation == "relu2" else None
             combine = None
+            gu = (self._out_scale(f"{p}ffn_gate"), self._out_scale(f"{p}ffn_up"))
             if pair is not None:
-                L += pair.fused_dispatches(self.h, self._gain(f"{p}ffn_norm.weight"), self.g, 2,
-                                           norm=True, act=int(fam.activation == "silu"),
-                                           eps=a.norm_eps, trace=tr,
-                                           out_scales=(self._out_scale(f"{p}ffn_gate"),
-                                                       self._out_scale(f"{p}ffn_up")))
+                L += self._project([(pair, self.g, gu)], self.h,
+                                   self._gain(f"{p}ffn_norm.weight"), 2, norm=True, trace=tr)
             else:
-                L += self._project([(be.weight(f"{p}ffn_gate.weight"), self.g,
-                                     self._out_scale(f"{p}ffn_gate")),
-                                    (be.weight(f"{p}ffn_up.weight"), self.u,
-                                     self._out_scale(f"{p}ffn_up"))],
+                L += self._project([(be.weight(f"{p}ffn_gate.weight"), self.g, (gu[0], 1.0)),
+                                    (be.weight(f"{p}ffn_up.weight"), self.u, (gu[1], 1.0))],
                                    self.h, self._gain(f"{p}ffn_norm.weight"), 0, norm=True,
                                    trace=tr)
                 combine = self.u
             mark = _label(L, mark, "gate_up")
             tr = self._trace_buf(prog, i, 3, a.hidden_dim, trace)
             L += self._project([(be.weight(f"{p}ffn_down.weight"), self.h,
-                                 self._out_scale(f"{p}ffn_down"))], self.g,
+                                 (self._out_scale(f"{p}ffn_down"), 1.0))], self.g,
                                self._gain(f"{p}ffn_sub_norm.weight") if sub else None, 1,
                                norm=sub, trace=tr, combine=combine)
             mark = _label(L, mark, "down")
@@ -532,7 +533,7 @@ class WgpuBitNet:
 
     def _batched(self, n: int) -> bool:
         """Whether a prompt of ``n`` tokens runs as batched mat-mat steps."""
-        if n < 2 or self.trace:
+        if n < 2 or self.trace or not self.dev.fused:
             return False
         if self._batch is None:
             self._batch = self._build_batch() or False

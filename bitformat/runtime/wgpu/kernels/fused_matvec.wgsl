@@ -103,7 +103,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid3: v
     let wid = wid3.x + wid3.y * nw.x;
     abase = wid3.z * (COLS / 4u);
     ybase = wid3.z * YS;
-    let lpr = min(LPR, sgs);
+    let lpr = select(min(LPR, sgs), 1u, LPR == 1u);  // a constant 1 where LPR is (CPU adapters)
     let rps = sgs / lpr;  // rows a subgroup takes at once
     let lane = sl % lpr;
     // the first rows' first weights are loaded before the activations are ready

@@ -23,7 +23,7 @@ struct Rows {
     pad0: u32,
 }
 
-@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(0) var<X_SPACE> X: XF_TYPE;
 @group(0) @binding(1) var<storage, read> E: array<u32>;
 @group(0) @binding(2) var<uniform> P: Rows;
 @group(0) @binding(3) var<storage, read_write> L: array<f32>;
@@ -37,7 +37,7 @@ fn main(@builtin(workgroup_id) wid3: vec3<u32>, @builtin(num_workgroups) nw: vec
         @builtin(subgroup_size) sgs: u32, @builtin(subgroup_invocation_id) sl: u32,
         @builtin(subgroup_id) sid: u32, @builtin(num_subgroups) ns: u32) {
     let wid = wid3.x + wid3.y * nw.x;
-    let lpr = min(LPR, sgs);
+    let lpr = select(min(LPR, sgs), 1u, LPR == 1u);  // a constant 1 where LPR is (CPU adapters)
     let rps = sgs / lpr;
     let lane = sl % lpr;
     for (var k0 = sid * rps; k0 < RPW; k0 += ns * rps) {

@@ -26,7 +26,7 @@ struct HeadStep {
     pad1: u32,
 }
 
-@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(0) var<X_SPACE> X: XF_TYPE;
 @group(0) @binding(1) var<storage, read> E: array<u32>;
 @group(0) @binding(2) var<uniform> P: HeadStep;
 @group(0) @binding(3) var<storage, read_write> L: array<f32>;
@@ -43,7 +43,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid3: v
         @builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_id) sid: u32,
         @builtin(num_subgroups) ns: u32) {
     let wid = wid3.x + wid3.y * nw.x;
-    let lpr = min(LPR, sgs);
+    let lpr = select(min(LPR, sgs), 1u, LPR == 1u);  // a constant 1 where LPR is (CPU adapters)
     let rps = sgs / lpr;
     let lane = sl % lpr;
     for (var k0 = sid * rps; k0 < RPW; k0 += ns * rps) {

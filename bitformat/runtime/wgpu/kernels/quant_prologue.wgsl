@@ -13,8 +13,9 @@
 // max|x g| / r (the CPU's max|x / r * g| may differ from it in the last bit of s, moving a q
 // only where y s lies on a .5 boundary); the second quantizes 16 values per invocation and
 // writes them as one vec4 of words: LAYOUT 0 "plain" (bytes k of word i: q[4i + k]), LAYOUT 1
-// "slot16" (byte k of word 4w + g: q[16w + g + 4k]), both starting at word QOFF. Word 0 holds
-// s, word 1 the sum of every q, word 4 + b the sum of 256-block b.
+// "slot16" (byte k of word 4w + g: q[16w + g + 4k]), both starting at word QOFF, or LAYOUT 2
+// both, slot16 after the plain words (the op-by-op kernels' block). Word 0 holds s, word 1
+// the sum of every q, word 4 + b the sum of 256-block b.
 //
 // The including kernel declares A, U, G (storage, read, array<vec4<f32>>: COLS is a multiple
 // of 4), the overrides COLS, NORM, COMBINE,
@@ -166,7 +167,7 @@ fn quant_prologue(li: u32, wid: u32, sl: u32, sid: u32, ns: u32, sgs: u32) {
             }
         }
         var words = plain;
-        if (LAYOUT == 1u) {  // slot16: word g holds q[16u + g + 4k] in byte k
+        if (LAYOUT >= 1u) {  // slot16: word g holds q[16u + g + 4k] in byte k
             for (var g = 0u; g < 4u; g++) {
                 words[g] = pack4(vec4<i32>(qs[0][g], qs[1][g], qs[2][g], qs[3][g]));
             }
@@ -174,6 +175,10 @@ fn quant_prologue(li: u32, wid: u32, sl: u32, sid: u32, ns: u32, sgs: u32) {
         let bs = seg_sum(us, seg);
         if (u < nu) {
             X[QOFF / 4u + u] = words;
+            if (LAYOUT == 2u) {  // both: plain here, slot16 after all the plain words
+                X[QOFF / 4u + u] = plain;
+                X[QOFF / 4u + nu + u] = words;
+            }
             if (trace) {
                 for (var i = 0u; i < 4u; i++) {
                     T[4u + COLS + 4u * u + i] = plain[i];
