@@ -10,8 +10,8 @@ Measures, on the adapter wgpu picks (a real GPU or lavapipe):
   each) and for dispatches that write N separate buffers, at 1, 132 and 1056 workgroups;
 * the host time to encode and submit N dispatches through wgpu-py's API and through direct
   calls of wgpu-native's C functions (the same cffi library wgpu-py wraps);
-* the current mat-vec kernels (i2_s) and norm kernel at 2B-4T's shapes, 30 cold copies each in
-  one pass, for several lane counts;
+* the op-by-op mat-vec kernels (i2_s) and the one-workgroup norm at 2B-4T's shapes, 30 cold
+  copies each in one pass, for several lane counts;
 * whether subgroup operations compile and what the subgroup size is.
 
 The decode step design in docs/gpu.md was chosen from these numbers.
@@ -230,9 +230,11 @@ def main() -> None:
             src = g.buffer(4 * n)
             g.write(src, rng.standard_normal(n).astype(np.float32))
             gain = g.upload(np.ones(n, np.float32))
-            k = g.kernel("norm_quant", N=n, EPS=1e-5, QUANT=1, COMBINE=0, TRACE=0)
+            from bitformat.runtime.wgpu.backend import fused_subs
             from bitformat.runtime.wgpu.device import Dispatch
-            d = Dispatch("norm", k, g.bind(k, src, src, gain, x, g.buffer(4 * n)), (1, 1, 1))
+            k = g.kernel("norm_block", fused_subs("", n), COLS=n, QUANT=1, TRACE=0)
+            d = Dispatch("norm", k, g.bind(k, src, src, gain, x, g.scratch, g.buffer(4 * n)),
+                         (1, 1, 1))
 
             def enc(cp, d=d):
                 for _ in range(30):

@@ -4,7 +4,7 @@ Every ternary matrix is uploaded once, in its container's own bytes, and multipl
 decode + mat-vec kernels (``kernels/matvec_<format>.wgsl``, ``kernels/rans_*.wgsl``) that
 unpack the packed words in registers and never write decoded weights anywhere. Activations are
 int8 per token (the :func:`activation_block` layout, built on the GPU by
-``kernels/norm_quant.wgsl``), sums of ``code * q`` are integers, and ``y = acc / s * scale``
+``kernels/quant_prologue.wgsl``), sums of ``code * q`` are integers, and ``y = acc / s * scale``
 (per 256-block ``d`` for tq formats), the same float operations as the numpy backend.
 
 rans matrices are decoded once on the host at load into stfma rows by default
@@ -56,7 +56,8 @@ def activation_block(q: np.ndarray, s: float) -> np.ndarray:
     """The 64 KiB activation block of one token (u32 words; see ``matvec_common.wgsl``).
 
     ``q`` is int8 ``[n]``, ``s`` the token's scale. This is the numpy reference of what
-    ``norm_quant.wgsl`` writes, and how the op-by-op path feeds the mat-vec kernels.
+    ``quant_prologue.wgsl`` writes (``norm_block.wgsl``, LAYOUT 2), and how the op-by-op path
+    feeds the mat-vec kernels.
     """
     n = q.size
     npad = -(-n // 256) * 256
@@ -404,12 +405,19 @@ class GpuEmbedding:
                                 n * self.row_bytes + 4 * self.dim))
         return out
 
-    def embed_dispatches(self, step: Any, h: Any) -> list[Dispatch]:
-        """One dispatch per chunk; the runner picks the token's."""
+    def embed_dispatches(self, state: Any, h: Any, batch: bool = False) -> list[Dispatch]:
+        """``h = E[token]`` with the token read from the step state (``embed_step.wgsl``), one
+        dispatch per chunk (the chunk holding the token writes). ``batch``: the prompt's ids
+        after the state's first 4 words, row t of ``h`` per token (grid z, set when
+        recording)."""
         dev = self.dev
-        k = dev.kernel("embed", DIM=self.dim, DTYPE=self.dtype)
-        return [Dispatch("embed", k, dev.bind(k, buf, step, h), dev.grid(math.ceil(self.dim / WG)),
-                         self.row_bytes) for _, _, buf in self.chunks]
+        k = dev.kernel("embed_step", DIM=self.dim, DTYPE=self.dtype, BATCH=int(batch))
+        out = []
+        for r0, n, buf in self.chunks:
+            p = dev.uniform(np.array([r0, n, 0, 0], np.uint32))
+            out.append(Dispatch("embed", k, dev.bind(k, buf, p, state, h),
+                                dev.grid(-(-self.dim // 256)), self.row_bytes))
+        return out
 
 
 # -- the backend -----------------------------------------------------------------------------------

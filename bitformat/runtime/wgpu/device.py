@@ -44,15 +44,11 @@ STAGING_ALIGN = 4
 #: kernel -> binding types in binding order: "uniform", "storage" (read_write), "read" (read-only
 #: storage) or "x" (the activation-like input: uniform or read-only storage by variant).
 BINDINGS: dict[str, tuple[str, ...]] = {
-    "norm_quant": ("read", "read", "read", "storage", "storage"),
     "matvec_i2_s": ("x", "read", "uniform", "storage"),
     "matvec_tq2_0": ("x", "read", "uniform", "storage"),
     "matvec_tq1_0": ("x", "read", "uniform", "storage"),
     "matvec_stfma": ("x", "read", "uniform", "storage"),
     "matvec_colpack_u32": ("x", "read", "uniform", "storage"),
-    "embed": ("read", "uniform", "storage"),
-    "rope": ("storage", "read", "read", "read", "storage", "storage", "uniform"),
-    "attention": ("read", "read", "read", "storage", "storage", "uniform"),
     "lm_head": ("x", "read", "uniform", "storage"),
     "lm_head_rows": ("x", "read", "uniform", "storage", "read"),
     "screen": ("x", "read", "uniform", "storage"),

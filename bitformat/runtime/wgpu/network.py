@@ -180,7 +180,7 @@ class WgpuBitNet:
         self._owner: GpuKVCache | None = None
         self._pending: _Pending | None = None
         self._names = {e.name for e in backend.model.entries}
-        self._embed = self._embed_dispatches()
+        self._embed = backend.embedding.embed_dispatches(self.state, self.h)
         self.prog = self._build(trace=False)
         self._traced: _Program | None = None
         self._batch: _Batch | None | bool = None  # built on the first prompt (False: cannot)
@@ -192,16 +192,6 @@ class WgpuBitNet:
     def _out_scale(self, name: str) -> float:
         s = f"{name}.scale"
         return float(self.be.vector(s).reshape(-1)[0]) if s in self._names else 1.0
-
-    def _embed_dispatches(self) -> list[Dispatch]:
-        emb, dev = self.be.embedding, self.dev
-        k = dev.kernel("embed_step", DIM=emb.dim, DTYPE=emb.dtype)
-        out = []
-        for r0, n, buf in emb.chunks:
-            p = dev.uniform(np.array([r0, n, 0, 0], np.uint32))
-            out.append(Dispatch("embed", k, dev.bind(k, buf, p, self.state, self.h),
-                                dev.grid(-(-emb.dim // 256)), 4 * emb.dim))
-        return out
 
     def _norm_block(self, src: Any, gain: Any, n: int, *, quant: bool, norm: bool = True,
                     combine: Any = None, trace: Any = None, out: Any = None) -> Dispatch:
@@ -383,12 +373,8 @@ class WgpuBitNet:
         self.gb = dev.buffer(f32 * tb * a.hidden_dim, "g.batch")
         self.partb = dev.buffer(f32 * tb * a.n_heads * self.smax * (hd + 2), "runs.batch")
         b = _Batch(tokens=tb)
-        emb = be.embedding
-        k = dev.kernel("embed_step", DIM=emb.dim, DTYPE=emb.dtype, BATCH=1)
-        for r0, n, buf in emb.chunks:
-            pu = dev.uniform(np.array([r0, n, 0, 0], np.uint32))
-            b.items.append((Dispatch("embed", k, dev.bind(k, buf, pu, self.state, self.hb),
-                                     dev.grid(-(-emb.dim // 256)), 4 * emb.dim), "z"))
+        for d in be.embedding.embed_dispatches(self.state, self.hb, batch=True):
+            b.items.append((d, "z"))
         perm, qkn = int(fam.permuted_qk), int(fam.qk_norm)
         asub = {"QS4": str(self.gq * hd // 4), "SCN": str(self.gq * CMAX)}
         attn = dev.kernel("attn_split", asub, H=a.n_heads, KVH=a.n_kv_heads, HD=hd,

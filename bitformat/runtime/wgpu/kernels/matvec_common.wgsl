@@ -2,7 +2,7 @@
 // each of them where they say `//#include matvec_common.wgsl` (bitformat/runtime/wgpu/device.py),
 // after their format's rows_<format>.wgsl (row_dot, row_value), so the bindings it uses are
 // declared, and documented, in the including file:
-//   X  the activation block (norm_quant.wgsl), P  the dispatch's Params, Y  the output.
+//   X  the activation block (quant_prologue.wgsl), P  the dispatch's Params, Y  the output.
 // The helpers x_s, x_sum, x_bsum and xw are shared with fused_matvec.wgsl through act_block.wgsl.
 //
 // Activation block X, u32 words (NPAD = COLS rounded up to a multiple of 256):
