@@ -515,7 +515,7 @@ def warmup(backend: str) -> None:
             bar.set_postfix_str(what)
 
         try:
-            with on_compile(notice):
+            with on_compile(notice, notice.done):
                 steps = warm_up_all(backend, progress=progress)
         finally:
             notice.close()

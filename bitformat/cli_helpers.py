@@ -6,6 +6,7 @@ Everything here writes to stderr, so a command's stdout stays its result (text o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import threading
@@ -110,6 +111,13 @@ class CompileNotice:
         self.t0 = 0.0
         self.bar = None
         self._stop = threading.Event()
+        #: name -> (seconds, own seconds) of each compiled function; written as JSON to the file
+        #: ``BITFORMAT_COMPILE_LOG`` names when the notice closes (tools/bench_cold_start.py)
+        self.times: dict[str, tuple[float, float]] = {}
+
+    def done(self, name: str, seconds: float, own: float) -> None:
+        old = self.times.get(name, (0.0, 0.0))
+        self.times[name] = (old[0] + seconds, old[1] + own)
 
     def __call__(self, name: str) -> None:
         if self.count == 0:
@@ -133,6 +141,11 @@ class CompileNotice:
 
     def close(self) -> None:
         self._stop.set()
+        log = os.environ.get("BITFORMAT_COMPILE_LOG")
+        if log:
+            with open(log, "w") as f:
+                json.dump({"count": self.count, "seconds": time.perf_counter() - self.t0
+                           if self.count else 0.0, "functions": self.times}, f, indent=1)
         if self.bar is not None:
             self.bar.close()
             click.echo(f"compiled {self.count} kernels in {time.perf_counter() - self.t0:.1f} s"
@@ -151,7 +164,7 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
     notice = CompileNotice(" (not counted in the speeds reported)")
     bar = LayerBar(file, backend)
     try:
-        with on_compile(notice):  # validating rans streams at load compiles the decoder
+        with on_compile(notice, notice.done):  # validating rans streams compiles the decoder
             model = load(file, backend=backend, i2s_variant=i2s_layout, progress=bar, head=head,
                          **({"threads": threads} if backend == "cpu" else {}),
                          **({"decode": decode} if backend != "numpy" else {}))
@@ -161,7 +174,7 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
         if is_synthetic(model.container_model.metadata):
             click.echo(synthetic_note(str(file)), err=True)
         try:
-            with on_compile(notice):
+            with on_compile(notice, notice.done):
                 model.warmup()
         finally:
             notice.close()

@@ -22,21 +22,37 @@ import numpy as np
 
 
 @contextlib.contextmanager
-def on_compile(callback: Callable[[str], None]) -> Iterator[None]:
-    """Call ``callback(name)`` each time numba starts compiling a function inside the block.
+def on_compile(callback: Callable[[str], None],
+               done: Callable[[str, float, float], None] | None = None) -> Iterator[None]:
+    """Call ``callback(name)`` each time numba starts compiling a function inside the block,
+    and ``done(name, seconds, own_seconds)`` when it ends (``own``: less the functions it
+    compiled meanwhile, which numba compiles nested inside their first caller).
 
     ``name`` is ``module.function``. A function found in numba's on-disk cache is loaded, not
     compiled, and is not heard; so a second run hears nothing. (numba's event API, "numba:compile".)
     """
     from numba.core import event
 
+    stack: list[list[float]] = []  # [start, seconds of nested compiles]
+
+    def name_of(ev) -> str:
+        fn = ev.data["dispatcher"].py_func
+        return f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__qualname__}"
+
     class Heard(event.Listener):
         def on_start(self, ev) -> None:
-            fn = ev.data["dispatcher"].py_func
-            callback(f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__qualname__}")
+            stack.append([time.perf_counter(), 0.0])
+            callback(name_of(ev))
 
         def on_end(self, ev) -> None:
-            pass
+            if not stack:
+                return
+            t0, inner = stack.pop()
+            took = time.perf_counter() - t0
+            if stack:
+                stack[-1][1] += took
+            if done is not None:
+                done(name_of(ev), took, took - inner)
 
     with event.install_listener("numba:compile", Heard()):
         yield
