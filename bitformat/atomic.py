@@ -45,6 +45,20 @@ STALE_SECONDS = 24 * 3600
 PAUSE_VAR = "BITFORMAT_PAUSE_AT"
 
 _counts: dict[str, int] = {}
+#: temporaries being written right now (files and folders), for a hard exit to remove
+#: (:mod:`.interrupts`: a signal the normal path could not handle in time)
+LIVE: set[str] = set()
+
+
+def remove_live() -> None:
+    """Remove every temporary an atomic writer of this process is still writing."""
+    for p in list(LIVE):
+        with contextlib.suppress(OSError):
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+        LIVE.discard(p)
 
 
 def checkpoint(moment: str) -> None:
@@ -225,6 +239,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
         raise BitformatIOError(f"cannot create a file next to it: {exc.strerror}",
                                path=str(target)) from None
     committed = False
+    LIVE.add(tmp)
     try:
         # mkstemp makes the file 0600; give it what a plain open() would (or the old mode).
         os.chmod(tmp, _mode_for(target))
@@ -247,6 +262,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
                                    path=str(target)) from exc
         raise
     finally:
+        LIVE.discard(tmp)
         os.close(lock)
 
 

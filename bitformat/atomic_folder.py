@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .atomic import checkpoint, claim, current_umask, fcntl, fsync_dir, remove_strays
+from .atomic import LIVE, checkpoint, claim, current_umask, fcntl, fsync_dir, remove_strays
 from .errors import BitformatIOError, OutputPathError
 
 #: The manifest every folder written by :func:`atomic_dir` holds.
@@ -182,6 +182,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tmp_name)
     old = None
     committed = False
+    LIVE.add(tmp_name)
     try:
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700
         checkpoint("created")
@@ -203,6 +204,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
                                    path=str(path)) from exc
         raise
     finally:
+        LIVE.discard(tmp_name)
         os.close(lock)
         if old is not None:  # also after a signal: the old output is garbage now
             shutil.rmtree(old, ignore_errors=True)

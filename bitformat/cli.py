@@ -11,7 +11,6 @@ import functools
 import json
 import math
 import os
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -29,11 +28,14 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # matplotlib's savefig picks the forma
 
 def _friendly_errors(fn):
     """Turn bitformat's errors into one-line messages (exit 1), Ctrl-C into exit 130 and
-    SIGTERM into exit 143, both after the atomic writers removed their unfinished output."""
+    SIGTERM into exit 143, both after the atomic writers removed their unfinished output, at
+    any moment, numba's compilation included (:mod:`.interrupts`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        previous = _catch_sigterm()
+        from . import interrupts
+
+        previous = interrupts.install()
         try:
             return fn(*args, **kwargs)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
@@ -57,11 +59,13 @@ def _friendly_errors(fn):
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
+            interrupts.handled()
             # convert, synth and report (its plot) write their output only once complete
             done = ": nothing was written" if fn.__name__ in ("convert", "synth", "report") else ""
             click.echo(f"interrupted{done}", err=True)
             sys.exit(130)
         except Terminated:
+            interrupts.handled()
             click.echo("terminated: no unfinished output was left", err=True)
             sys.exit(143)
         except Exception as exc:  # a bug: one line, the traceback only when asked for
@@ -72,8 +76,7 @@ def _friendly_errors(fn):
                        "--debug or BITFORMAT_DEBUG=1 for the traceback", err=True)
             sys.exit(1)
         finally:
-            if previous is not False:
-                signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+            interrupts.restore(previous)
 
     return wrapper
 
@@ -99,21 +102,6 @@ def _finite(ctx, param, value):
     if value is not None and not math.isfinite(value):
         raise click.BadParameter(f"{value} is not a finite number")
     return value
-
-
-def _catch_sigterm():
-    """Make SIGTERM (timeout, systemd, docker stop) raise :class:`Terminated` in this thread,
-    as SIGINT raises KeyboardInterrupt; return the handler to restore (False off the main
-    thread, where Python cannot handle signals)."""
-
-    def terminated(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: let the cleanup finish
-        raise Terminated
-
-    try:
-        return signal.signal(signal.SIGTERM, terminated)
-    except ValueError:
-        return False
 
 
 class ModelSource(click.ParamType):

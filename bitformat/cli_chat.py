@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from . import interrupts
 from .errors import RequestError
 
 HELP = """\
@@ -44,6 +45,7 @@ def chat_loop(session: Any, stdin: TextIO, stdout: TextIO, stderr: TextIO, *,
         try:
             line = read()
         except KeyboardInterrupt:
+            interrupts.handled()
             stdout.write("\n")
             return turns
         if not line:  # end of input
@@ -75,6 +77,7 @@ def chat_loop(session: Any, stdin: TextIO, stdout: TextIO, stderr: TextIO, *,
                 stdout.write(r.text)
                 stdout.flush()
         except KeyboardInterrupt:
+            interrupts.handled()
             stdout.write("\n")
             stderr.write("[answer stopped]\n")
             continue

@@ -1,0 +1,108 @@
+"""Ctrl-C and SIGTERM while numba compiles the cpu kernels (bitformat/interrupts.py).
+
+An exception raised during compilation can land in one of LLVM's ctypes callbacks, which
+swallows it: the command used to print "Exception ignored ..." and run on to exit 0 (SIGTERM
+was then ignored for good). Each test starts ``bitformat run`` with an empty kernel cache, sends
+the signal once it is compiling, and expects the signal's exit code soon after, one line on
+stderr and no traceback; the next run on the same cache works.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+CLI = [sys.executable, "-c", "from bitformat.cli import main; main()"]
+
+
+def start(tiny, cache, *extra):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
+    env.pop("BITFORMAT_DEBUG", None)
+    return subprocess.Popen(CLI + ["run", str(tiny), "--prompt-ids", "1,2,3", "-n", "3",
+                                   "--backend", "cpu", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+
+def wait_for(proc, text: bytes, timeout: float = 120) -> bytes:
+    """Read stderr until ``text`` appears (the notice that compilation began)."""
+    seen = b""
+    t0 = time.monotonic()
+    os.set_blocking(proc.stderr.fileno(), False)
+    while text not in seen:
+        if proc.poll() is not None or time.monotonic() - t0 > timeout:
+            raise AssertionError(f"never saw {text!r}: {seen[-500:]!r}")
+        chunk = proc.stderr.read()
+        if chunk:
+            seen += chunk
+        time.sleep(0.05)
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["INT", "TERM"])
+def test_a_signal_during_compilation_ends_the_command(tiny_gguf, tmp_path, sig, code):
+    cache = tmp_path / "numba"
+    cache.mkdir()
+    proc = start(tiny_gguf, cache)
+    seen = wait_for(proc, b"compiling kernels")
+    time.sleep(1.5)  # well inside the compilation (it takes tens of seconds with no cache)
+    assert proc.poll() is None
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the command ran on after the signal") from None
+    took = time.monotonic() - t0
+    os.set_blocking(proc.stderr.fileno(), True)
+    err = (seen + proc.stderr.read()).decode(errors="replace")
+    assert proc.returncode == code, err[-800:]
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-800:]
+    last = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip()][-1]
+    assert last.startswith(("interrupted", "terminated")), err[-800:]
+    assert took < 10, took  # the watchdog ends it within GRACE of the signal
+    if sig == signal.SIGINT:  # the cache it left is one the next run can use
+        again = start(tiny_gguf, cache)
+        out, err2 = again.communicate(timeout=600)
+        assert again.returncode == 0, err2.decode(errors="replace")[-800:]
+
+
+SWALLOWED = """
+import ctypes, sys, time
+from bitformat import interrupts
+from bitformat.cli import _friendly_errors
+
+@_friendly_errors
+def main():
+    def cb():
+        print("ready", flush=True)
+        time.sleep(30)  # the signal's exception is raised here and swallowed by ctypes
+    ctypes.CFUNCTYPE(None)(cb)()
+    time.sleep(30)  # ... so the command would run on, and end with 0
+    print("ran on", flush=True)
+
+main()
+"""
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["INT", "TERM"])
+def test_a_swallowed_interrupt_still_ends_the_command(sig, code):
+    """What LLVM's callback does to an interrupt during compilation, done with a plain ctypes
+    callback: the watchdog ends the command with the signal's code and one line, and the
+    swallowed exception prints nothing."""
+    proc = subprocess.Popen([sys.executable, "-c", SWALLOWED], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"ready\n"
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == code and b"ran on" not in out
+    lines = [ln for ln in err.decode().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(("interrupted", "terminated")), lines
