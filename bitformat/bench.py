@@ -13,7 +13,9 @@ backend decoded them at load. A rans container is measured twice: ``decode="load
 streams decoded once into stfma rows, which the 2-bit kernels read: 2 bits a weight) and
 ``decode="fused"`` (the stream words, decoded inside every mat-vec), the bytes-read-versus-
 latency trade-off; its coded LM head is decoded into f16 at load either way. ``load_s`` is the
-time :func:`~.runtime.load` (or the wgpu upload) took, decoding included:
+time :func:`~.runtime.load` (or the wgpu upload) took, decoding included, less numba's
+compilation meanwhile: every timed figure is warm, and the first run on a machine reports its
+compilation on a line of its own (``compile_count``, ``compile_s``):
 
 ==============  ===========================================  ===============================
 class           bytes per token                              time (cpu / wgpu)
@@ -94,6 +96,11 @@ class ContainerBench:
     #: ms_per_token, head_ms, head_bytes and bytes_per_token per step, candidates (mean, max)
     #: and whether its tokens equal the full head's
     screened: dict[str, Any] | None = None
+    #: numba's compilation on this container's run (functions, seconds): kept out of every
+    #: timed figure (``load_s`` excludes what compiled while loading; the timed steps run warm)
+    compile_count: int = 0
+    compile_s: float = 0.0
+    compiled_while_timed: int = 0  # functions compiled inside a timed loop (should be none)
 
     @property
     def label(self) -> str:
@@ -172,6 +179,28 @@ class _Timers:
         return timed
 
 
+class _Compiles:
+    """numba's compilation during a block: functions and seconds (own times summed, so
+    nested compiles count once)."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self.timed = 0, 0.0, 0
+        self.timing = False  # inside a timed loop
+
+    @contextlib.contextmanager
+    def timed_block(self) -> Iterator[None]:
+        self.timing = True
+        try:
+            yield
+        finally:
+            self.timing = False
+
+    def done(self, name: str, seconds: float, own: float) -> None:
+        self.count += 1
+        self.seconds += own
+        self.timed += self.timing
+
+
 @contextlib.contextmanager
 def _timed_cpu(backend: Any, timers: _Timers) -> Iterator[None]:
     """Time the backend's ``bitlinear`` / ``lm_head`` / ``attend`` (instance attributes shadow
@@ -187,31 +216,40 @@ def _timed_cpu(backend: Any, timers: _Timers) -> Iterator[None]:
 
 
 def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
-             i2s_variant: str, decode: str = "load"
+             i2s_variant: str, decode: str = "load", compiles: _Compiles | None = None
              ) -> tuple[dict[str, float], float, list[int], float, str, dict[str, Any]]:
     """(seconds per class, wall seconds, tokens, load seconds, device, screened) of ``tokens``
     timed decode steps with the full head; class seconds are totals over the steps.
-    ``screened``: the same steps again with the screened head (:class:`ContainerBench`)."""
+    ``screened``: the same steps again with the screened head (:class:`ContainerBench`).
+    Every timed loop runs its path once untimed first, so nothing timed compiles; the load
+    time leaves out what compiled meanwhile (``compiles``)."""
     from .runtime import load
 
+    before = compiles.seconds if compiles else 0.0
     with load(path, backend="cpu", threads=threads, i2s_variant=i2s_variant,
               decode=decode, head="screened") as m:
-        load_s = m.load_seconds
+        load_s = m.load_seconds - ((compiles.seconds - before) if compiles else 0.0)
         net, be = m.net, m.backend
         cache = net.new_cache(len(prompt) + 1 + tokens)
         tok = int(np.argmax(net.forward(prompt, cache)[-1]))
         tok = int(np.argmax(net.forward([tok], cache)[-1]))  # warm-up: first-call costs
         start, first, out = cache.length, tok, []
-        t0 = time.perf_counter()
-        for _ in range(tokens):
-            tok = int(np.argmax(net.forward([tok], cache)[-1]))
-            out.append(tok)
-        wall = time.perf_counter() - t0
-        # the same steps layer by layer, timed per class (the fast path is one call a token)
+        timed = compiles.timed_block() if compiles else contextlib.nullcontext()
+        with timed:
+            t0 = time.perf_counter()
+            for _ in range(tokens):
+                tok = int(np.argmax(net.forward([tok], cache)[-1]))
+                out.append(tok)
+            wall = time.perf_counter() - t0
+        # the same steps layer by layer, timed per class (the fast path is one call a token);
+        # one untimed step first: the layer-by-layer kernels compile on their first call
         cache.length, tok, timers, again = start, first, _Timers(), []
         plan, net._plan = getattr(net, "_plan", False), None
         try:
-            with _timed_cpu(be, timers):
+            net.forward([tok], cache)
+            cache.length = start
+            with _timed_cpu(be, timers), (compiles.timed_block() if compiles
+                                          else contextlib.nullcontext()):
                 t0 = time.perf_counter()
                 for _ in range(tokens):
                     tok = int(np.argmax(net.forward([tok], cache)[-1]))
@@ -226,10 +264,12 @@ def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
         secs["other"] = max(0.0, layered - secs["ternary"] - secs["lm_head"] - secs["attention"])
         device = (f"{platform.machine()} cpu, {os.cpu_count()} cores, "
                   f"{getattr(be, 'threads', '?')} threads, numba {getattr(be, 'kernel', '?')}")
-        return secs, wall, out, load_s, device, _run_screened(net, prompt, tokens, out)
+        return secs, wall, out, load_s, device, _run_screened(net, prompt, tokens, out,
+                                                              compiles)
 
 
-def _run_screened(net: Any, prompt: list[int], tokens: int, want: list[int]) -> dict[str, Any]:
+def _run_screened(net: Any, prompt: list[int], tokens: int, want: list[int],
+                  compiles: _Compiles | None = None) -> dict[str, Any]:
     """The timed steps of :func:`_run_cpu` or :func:`_run_wgpu` again, choosing tokens with
     the screened head."""
     from .runtime.models import Segment
@@ -244,11 +284,12 @@ def _run_screened(net: Any, prompt: list[int], tokens: int, want: list[int]) -> 
     select = head.select
     head.select = timers.wrap("lm_head", select)
     try:
-        t0 = time.perf_counter()
-        for _ in range(tokens):
-            tok = net.decode([Segment([tok], cache)], [sampler])[0]
-            out.append(tok)
-        wall = time.perf_counter() - t0
+        with compiles.timed_block() if compiles else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            for _ in range(tokens):
+                tok = net.decode([Segment([tok], cache)], [sampler])[0]
+                out.append(tok)
+            wall = time.perf_counter() - t0
     finally:
         del head.select
     st = head.stats.as_dict()
@@ -366,14 +407,18 @@ def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int]
                kv: int, threads: int | None, repeats: int, i2s_variant: str, convert_s: float,
                stage: Callable[[str, str], None] | None, result: BenchResult,
                decode: str = "") -> ContainerBench:
+    from .runtime.warmup import on_compile
+
     if stage:
         stage(fid, f"loading and decoding{f' ({decode})' if decode else ''}")
     detail = None
-    with open_model(target, i2s_variant=i2s_variant) as model:
+    compiles = _Compiles()
+    with open_model(target, i2s_variant=i2s_variant) as model, \
+            on_compile(lambda name: None, compiles.done):
         nbytes = class_bytes(model, kv, decode)
         if backend == "cpu":
             secs, wall, out, load_s, result.device, screened = _run_cpu(
-                target, prompt, tokens, threads, i2s_variant, decode or "load")
+                target, prompt, tokens, threads, i2s_variant, decode or "load", compiles)
             per_class = {k: v / tokens for k, v in secs.items()}
         else:
             per_class, wall, out, load_s, detail, screened = _run_wgpu(
@@ -389,7 +434,7 @@ def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int]
     return ContainerBench(fid, str(target), target.stat().st_size if target.is_file() else 0,
                           classes, bpt, ms, 1e3 / ms, bpt / ms / 1e6,
                           sum(c["ms"] for c in classes.values()), convert_s, load_s, out, detail,
-                          decode, screened)
+                          decode, screened, compiles.count, compiles.seconds, compiles.timed)
 
 
 # -- rendering ----------------------------------------------------------------------------------
@@ -414,6 +459,9 @@ def render(r: BenchResult) -> str:
         lines.append(f"{'':<14}{'total (wall)':<22}{_mb(c.bytes_per_token):>12}"
                      f"{c.ms_per_token:>11.3f}{c.gbps:>9.2f}{c.tokens_per_s:>10.1f}"
                      f"{c.load_s:>9.2f}")
+        if c.compile_count:
+            lines.append(f"{'':<14}compiled {c.compile_count} kernels in {c.compile_s:.1f} s "
+                         "(first use on this machine; not in any figure here)")
         d = c.detail or {}
         if d.get("dispatches_per_token"):
             one = d.get("pass_seconds")

@@ -130,3 +130,23 @@ def test_parse_formats():
     for bad in ("", "all,rans", "hf"):
         with pytest.raises(RequestError):
             parse_formats(bad)
+
+
+@pytest.mark.slow
+def test_first_bench_keeps_compilation_out_of_its_figures(tiny_gguf, tmp_path):
+    """With an empty kernel cache every kernel compiles during the bench, and none inside a
+    timed loop: compilation is reported on its own."""
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "numba"
+    cache.mkdir()
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    p = subprocess.run([sys.executable, "-c", "from bitformat.cli import main; main()", "bench",
+                        str(tiny_gguf), "--formats", "i2_s", "--tokens", "2", "--json"],
+                       capture_output=True, env=env, timeout=900)
+    assert p.returncode == 0, p.stderr.decode()[-800:]
+    c = json.loads(p.stdout)["containers"][0]
+    assert c["compile_count"] > 10 and c["compile_s"] > 0
+    assert c["compiled_while_timed"] == 0
