@@ -79,13 +79,48 @@ NUMPY_DTYPE = {
 }
 
 
+class ForeignType(int):
+    """A GGML type of llama.cpp's that bitformat lists but does not read (Q8_0, Q4_K, ...):
+    ``inspect`` shows such a file's tensors by type name; reading one is refused by name."""
+
+    name: str
+    block: tuple[int, int]  # (elements per block, bytes per block)
+
+    def __new__(cls, value: int, name: str, block: tuple[int, int]) -> ForeignType:
+        obj = int.__new__(cls, value)
+        obj.name, obj.block = name, block
+        return obj
+
+    def __repr__(self) -> str:
+        return f"<GGML type {self.name} ({int(self)})>"
+
+
+def foreign_type(value: int) -> ForeignType | None:
+    """The GGML type ``value`` as gguf-py (llama.cpp's own Python package) knows it, where
+    bitformat does not read it; None if neither knows it."""
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        t = GGMLQuantizationType(value)
+        return ForeignType(value, t.name, tuple(GGML_QUANT_SIZES[t]))
+    except (ImportError, ValueError, KeyError):
+        return None
+
+
+def block_layout(ggml_type: GGMLType | ForeignType) -> tuple[int, int]:
+    """(elements per block, bytes per block) of a type bitformat reads or only lists."""
+    if isinstance(ggml_type, ForeignType):
+        return ggml_type.block
+    return GGML_BLOCK_LAYOUT[ggml_type]
+
+
 def ggml_nbytes(ggml_type: GGMLType, n_elements: int, row_len: int | None = None) -> int:
     """Bytes a tensor of ``n_elements`` values occupies; Python ints, never numpy.
 
     Types with a per-row header (:data:`ROW_META_BYTES`) need ``row_len``, the values per row
     (the first GGUF dimension).
     """
-    per_block, block_bytes = GGML_BLOCK_LAYOUT[ggml_type]
+    per_block, block_bytes = block_layout(ggml_type)
     if n_elements % per_block:
         raise ValueError(f"{n_elements} values do not divide into blocks of {per_block}")
     size = n_elements // per_block * block_bytes

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from .atomic import check_not_source
-from .constants import GGML_BLOCK_LAYOUT, GGMLType, ValueType
+from .constants import GGML_BLOCK_LAYOUT, ForeignType, GGMLType, ValueType
 from .errors import FormatError, MetadataError, ShapeError, UnsupportedConversionError
 from .formats import FORMAT_IDS, get_format, rans_float
 from .formats.base import TernaryFormat
@@ -141,6 +142,11 @@ def _open_gguf(path: Path, i2s_variant: str) -> Model:
         return fmt.decode(reader.raw(name), rows, cols, scale=scale, path=spath, name=name)
 
     def load_plain(name: str) -> tuple[GGMLType, np.ndarray]:
+        gtype = reader.tensors[name].ggml_type
+        if isinstance(gtype, ForeignType):
+            raise UnsupportedConversionError(
+                f"is {gtype.name}, a llama.cpp type bitformat lists but does not read",
+                path=spath, tensor=name)
         if name in coded:
             gtype, shape = coded[name]
             raw = reader.raw(name)
@@ -166,24 +172,25 @@ def _is_master(reader: GGUFReader, info) -> bool:
 
 
 def require_ternary(model: Model) -> None:
-    """Refuse a model with no ternary tensors, saying why (clearly not BitNet, or which type
-    its projections have)."""
+    """Refuse a model with no ternary tensors in one line: what the file is (architecture,
+    the types of its weights) and what to do instead."""
     if any(e.ternary for e in model.entries):
         return
     arch = model.architecture
+    types = Counter(e.encoding for e in model.entries if len(e.shape) == 2)
+    kinds = ", ".join(f"{t} x {n}" for t, n in types.most_common(4)) or "no matrices"
+    what = (f"not a ternary model: a {arch!r} file whose matrices are {kinds}")
+    if any(t not in ("F32", "F16", "BF16") for t in types):  # llama.cpp's quantized types
+        raise UnsupportedConversionError(
+            f"{what}; bitformat reads BitNet b1.58 ternary weights (i2_s, TQ2_0, TQ1_0, ...): "
+            "run this file with llama.cpp, or give bitformat a BitNet checkpoint "
+            "(`bitformat inspect` lists its tensors)", path=model.path)
     if arch not in MASTER_ARCHITECTURES:
         raise UnsupportedConversionError(
-            f"no ternary weights: architecture {arch!r} is not BitNet b1.58 (bitformat reads "
-            f"ternary tensors, and quantizes float weights of {', '.join(MASTER_ARCHITECTURES)}"
-            " models only)", path=model.path)
-    proj = next((e for e in model.entries if TERNARY_NAME.match(e.name)), None)
-    if proj is None:
-        raise UnsupportedConversionError("no ternary weights and no BitNet projections "
-                                         "(blk.N.attn_q.weight ...)", path=model.path)
-    raise UnsupportedConversionError(
-        f"no ternary weights: the projections are {proj.encoding}, which bitformat does not "
-        "read (ternary encodings, or F32/F16/BF16 master weights to quantize)",
-        path=model.path, tensor=proj.name)
+            f"{what}; bitformat reads ternary tensors, and quantizes float weights of "
+            f"{', '.join(MASTER_ARCHITECTURES)} models only", path=model.path)
+    raise UnsupportedConversionError(f"{what}, and no BitNet projections "
+                                     "(blk.N.attn_q.weight ...) to quantize", path=model.path)
 
 
 def _coding(reader: GGUFReader, name: str) -> str | None:

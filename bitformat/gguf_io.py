@@ -26,13 +26,14 @@ import numpy as np
 
 from .atomic import atomic_file, checkpoint
 from .constants import (
-    GGML_BLOCK_LAYOUT,
     GGUF_DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
     GGUF_VERSION,
     SCALAR_FORMAT,
     GGMLType,
     ValueType,
+    block_layout,
+    foreign_type,
     ggml_nbytes,
 )
 from .errors import (
@@ -285,9 +286,12 @@ class GGUFReader:
         offset = cur.u64(f"the offset of {what}")
         try:
             gtype = GGMLType(raw_type)
-        except ValueError:
-            raise UnknownTypeError(f"{what} has GGML type {raw_type}, which bitformat does not "
-                                   "read", path=self.path) from None
+        except ValueError:  # llama.cpp's other types are listed (inspect), not read
+            gtype = foreign_type(raw_type)
+            if gtype is None:
+                raise UnknownTypeError(f"{what} has GGML type {raw_type}, which neither "
+                                       "bitformat nor llama.cpp's gguf package knows",
+                                       path=self.path) from None
         n = 1
         for d in dims:
             if d == 0:
@@ -296,7 +300,7 @@ class GGUFReader:
             if n > self.file_size * 8:
                 raise CountTooLargeError(f"{what} claims {n} elements, more than the file "
                                          "could hold", path=self.path)
-        per_block = GGML_BLOCK_LAYOUT[gtype][0]
+        per_block = block_layout(gtype)[0]
         if gtype == GGMLType.I2_S:  # blocks over the flat tensor: a row may start mid-block
             if n % per_block:
                 raise FormatError(f"{what} has {n} values, not a multiple of the I2_S block "

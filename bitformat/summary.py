@@ -94,9 +94,14 @@ def _as_list(v) -> list:
 
 def validation_problems(model: Model) -> list[dict]:
     """The validator's findings for ``inspect``: it shows a broken file rather than refuse it."""
+    from .container import require_ternary
     from .errors import BitformatError
     from .validate import FAMILIES, check_model, model_args
 
+    try:  # a file with nothing ternary (llama.cpp's Q4_K, ...): one line, not one per tensor
+        require_ternary(model)
+    except BitformatError as exc:
+        return [{"level": "error", "tensor": None, "message": exc.problem}]
     if model.architecture not in FAMILIES:
         return []
     try:
@@ -105,8 +110,12 @@ def validation_problems(model: Model) -> list[dict]:
         return [{"level": "error", "tensor": exc.tensor, "message": exc.problem}]
     return [{"level": p.level, "tensor": p.tensor, "message": p.message}
             for p in check_model(model, args, values="warning")]
+
+
 def _family(model: Model) -> dict:
     """The model family (:mod:`bitformat.families`) and its switches, or why none fits."""
+    if not any(e.ternary for e in model.entries):
+        return {"id": None, "title": "none: the file holds no ternary weights"}
     try:
         f = family_of({k: v.plain() for k, v in model.metadata.items()
                        if not k.startswith("tokenizer.")})
