@@ -441,13 +441,15 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
 @main.command()
 @click.argument("file", type=MODEL)
 @click.option("--system", help="System prompt (/system changes it during the chat).")
-@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Tokens of one answer at most.")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Tokens of one answer at most (default: a quarter of the context, at most "
+                   "512).")
 @_generation_options
 @click.option("--stats", is_flag=True, help="After each answer, show its speed and how much "
               "of the context the conversation holds (on stderr).")
 @_friendly_errors
-def chat(file: Path, system: str | None, max_tokens: int, backend: str, temperature: float,
+def chat(file: Path, system: str | None, max_tokens: int | None, backend: str,
+         temperature: float,
          top_k: int, top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
          stop: tuple[str, ...], context: int | None, threads: int | None, show_special: bool,
          i2s_layout: str, decode: str, head: str, stats: bool) -> None:

@@ -72,6 +72,7 @@ def chat_loop(session: Any, stdin: TextIO, stdout: TextIO, stderr: TextIO, *,
                 stderr.write(f"unknown command {command}: /help lists the commands\n")
             continue
         text = line[1:] if line.startswith("//") else line
+        dropped = session.dropped
         try:
             for r in session.send(text):
                 stdout.write(r.text)
@@ -87,10 +88,15 @@ def chat_loop(session: Any, stdin: TextIO, stdout: TextIO, stderr: TextIO, *,
         stdout.write("\n")
         stdout.flush()
         turns += 1
+        if session.dropped > dropped:
+            n = session.dropped - dropped
+            stderr.write(f"[the oldest {n} turn{'s' if n > 1 else ''} left the conversation to "
+                         f"make room in the context of {session.context} tokens]\n")
         s = session.last_stats
         if session.context_full:
             stderr.write(f"[the context of {session.context} tokens is full: the answer was "
-                         "cut; /reset starts a new conversation]\n")
+                         "cut; the next message makes room by dropping the oldest turns, "
+                         "/reset starts over]\n")
         if stats:
             stderr.write(f"[prompt {s.prompt_tokens} new tokens ({s.cached_tokens} cached) at "
                          f"{s.prompt_tps:.1f} tok/s, answer {s.generated_tokens} tokens at "

@@ -70,16 +70,31 @@ def test_turns_reuse_the_cache_and_match_a_fresh_run(model, template):
     assert tokens == _fresh(model, ids, 6)[:len(tokens)] and stats.cached_tokens > 0
 
 
-def test_context_full_is_a_clear_error_and_changes_nothing(model):
+def test_a_full_context_drops_the_oldest_turns(model):
     session = ChatSession(model, context=40, max_new_tokens=100)
     list(session.send("Hi"))
     assert session.context_full and session.tokens_used == 39  # the answer filled the context
+    out = list(session.send("Again"))  # no room left: the first turn leaves
+    assert session.dropped == 1 and [m["content"] for m in session.messages][0] == "Again"
+    assert len(session.messages) == 2 and out
     messages = list(session.messages)
-    with pytest.raises(ContextFullError, match="context holds 40: /reset"):
-        list(session.send("x " * 50))
-    assert session.messages == messages
+    with pytest.raises(ContextFullError, match="context holds 40: shorten it"):
+        list(session.send("x " * 50))  # cannot fit even alone: refused, nothing changes
+    assert session.messages == messages and session.dropped == 1
     with pytest.raises(Exception, match="outside 1..256"):
         ChatSession(model, context=10_000)
+
+
+def test_answers_fit_the_context_by_default(model):
+    """The default answer is a quarter of the context (at most 512): the tiny model's 256
+    positions hold several turns of answers that run to their length."""
+    session = ChatSession(model)
+    assert session.max_new_tokens == 64
+    assert ChatSession(model, context=40).max_new_tokens == 16
+    for i in range(4):
+        tokens = [r.token for r in session.send(f"Question {i}") if r.token is not None]
+        assert tokens and session.tokens_used <= session.context
+    assert session.dropped >= 1  # later turns made room by dropping the first ones
 
 
 def test_a_template_that_refuses_is_a_clear_error(model):
@@ -119,9 +134,12 @@ def test_loop_commands(model):
 def test_loop_ends_at_end_of_input_and_reports_full_context(model):
     session = ChatSession(model, context=30, max_new_tokens=100)
     out, err = io.StringIO(), io.StringIO()
-    assert chat_loop(session, io.StringIO("Hi\nHi again\n"), out, err, prompt="> ") == 1
-    assert "the context of 30 tokens is full" in err.getvalue()
-    assert "error: the conversation with this message" in err.getvalue()
+    lines = "Hi\nHi again\n" + "x " * 40 + "\n"
+    assert chat_loop(session, io.StringIO(lines), out, err, prompt="> ") == 2
+    e = err.getvalue()
+    assert "the context of 30 tokens is full" in e
+    assert "[the oldest 1 turn left the conversation" in e  # "Hi again" made room
+    assert "error: this message is" in e and "shorten it" in e  # too long even alone
     assert out.getvalue().startswith("> ") and out.getvalue().endswith("> \n")
 
 
@@ -188,3 +206,25 @@ def test_run_system_stop_min_p_context_file(tiny_gguf, tmp_path):
 def test_run_option_errors(tiny_gguf, args, message):
     result = CliRunner().invoke(main, ["run", str(tiny_gguf), "--backend", "numpy", *args])
     assert result.exit_code != 0 and message in result.output
+
+
+def test_a_turn_runs_only_its_own_new_tokens(model):
+    """The tiny model's answers are random tokens whose text tokenizes otherwise, and its
+    template trims the answer: the next prompt still starts with every token the cache holds
+    (the answer as sampled), so each turn after the first reuses the whole context so far."""
+    session = ChatSession(model, max_new_tokens=12)
+    used = []
+    for q in ("Hello there", "Tell me more", "And then?"):
+        before = session.tokens_used
+        list(session.send(q))
+        st = session.last_stats
+        assert st.cached_tokens == before  # everything the conversation held so far
+        assert st.cached_tokens + st.prompt_tokens + st.generated_tokens - 1 == \
+            session.tokens_used  # the counts add up
+        used.append(session.tokens_used)
+    assert used[0] < used[1] < used[2]
+    # and what was cached is what a fresh run over that prompt gives
+    ids = session.prompt("Last one")
+    assert ids[: session.tokens_used] == session.cached
+    tokens = [r.token for r in session.send("Last one") if r.token is not None]
+    assert tokens[:5] == _fresh(model, ids, 12)[:5]
