@@ -531,11 +531,16 @@ def warmup(backend: str) -> None:
 @click.option("--threads", type=int, default=None, help="CPU threads (default: adaptive).")
 @click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
               show_default=True, help="i2_s block layout of FILE.")
+@click.option("--quiet", is_flag=True, help="No access log (one line per request on stderr).")
 @_friendly_errors
 def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, max_batch: int,
-          context: int | None, threads: int | None, i2s_layout: str) -> None:
+          context: int | None, threads: int | None, i2s_layout: str, quiet: bool) -> None:
     """Serve FILE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
-    /v1/models, /health), batching concurrent requests. Ctrl-C stops it."""
+    /v1/models, /health), batching concurrent requests. Ctrl-C stops it.
+
+    Each request that ends writes a line on stderr: client, method and path, status, prompt
+    and answer tokens, milliseconds (--quiet: none). Sampling follows the OpenAI API, whose
+    default temperature is 1.0: ask for temperature 0 to get `bitformat run`'s tokens."""
     from .serve import serve as do_serve
 
     def ready(info: dict) -> None:
@@ -544,8 +549,12 @@ def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, m
         click.echo(f"serving {info['model']} ({info['backend']}, max batch {info['max_batch']}"
                    f", context {info['context']}) at {info['url']}/v1")
 
+    def log(line: str) -> None:
+        click.echo(line, err=True)
+
     do_serve(file, host=host, port=port, backend=backend, api_key=api_key, max_batch=max_batch,
-             context=context, threads=threads, i2s_variant=i2s_layout, ready=ready)
+             context=context, threads=threads, i2s_variant=i2s_layout, ready=ready,
+             access_log=None if quiet else log)
     click.echo("stopped", err=True)
 
 

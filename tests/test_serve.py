@@ -40,17 +40,30 @@ def start(path, *args):
         lines.append(line)
         if line.startswith("serving "):
             proc.startup = "".join(lines)  # what it printed up to then
+            proc.lines = []  # what it prints later (the access log), read as it comes
+
+            def drain() -> None:
+                for later in proc.stdout:
+                    proc.lines.append(later)
+
+            proc.drained = threading.Thread(target=drain, daemon=True)
+            proc.drained.start()
             return proc, line.split(" at ")[1].strip()[: -len("/v1")]
     proc.kill()
     raise AssertionError("the server did not start:\n" + "".join(lines))
 
 
 @pytest.fixture(scope="module")
-def server(tiny_gguf):
+def server_proc(tiny_gguf):
     proc, url = start(tiny_gguf, "--api-key", KEY, "--max-batch", "3")
-    yield url
+    yield proc, url
     proc.send_signal(signal.SIGTERM)
     proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server(server_proc):
+    return server_proc[1]
 
 
 @pytest.fixture
@@ -125,6 +138,7 @@ BAD = [
     ({"prompt": ["a", "b"]}, "one prompt"),
     ({"prompt": None}, "prompt"),
     ({"prompt": list(range(300))}, "context"),
+    ({"prompt": list(range(200)), "max_tokens": 100}, "which leaves 56: ask for at most 56"),
     ({"prompt": [1, 10**9]}, "vocabulary"),
     ({"prompt": "hi", "model": 3}, "model"),
 ]
@@ -140,6 +154,37 @@ def test_bad_requests_get_400(client, body, words):
     err = r.json()["error"]
     assert words in err["message"] and err["type"] == "invalid_request_error"
     assert client.get("/health").json()["status"] == "ok"
+
+
+def test_access_log(server_proc, client):
+    """One line per request on stderr once it has ended: client, method and path, status,
+    tokens in and out for generations, milliseconds."""
+    proc, _ = server_proc
+    client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4,
+                                         "ignore_eos": True})
+    with client.stream("POST", "/v1/completions", json={"prompt": [4, 5], "max_tokens": 3,
+                                                          "stream": True,
+                                                          "ignore_eos": True}) as r:
+        list(r.iter_lines())
+    client.get("/v1/models/none")
+    time.sleep(0.3)
+    log = "".join(proc.lines)
+    assert '"POST /v1/completions" 200 in=3 out=4 ' in log, log[-600:]
+    assert '"POST /v1/completions" 200 in=2 out=3 ' in log, log[-600:]
+    assert '"GET /v1/models/none" 404 ' in log and " ms\n" in log
+
+
+def test_quiet_server_writes_no_access_log(tiny_gguf):
+    proc, url = start(tiny_gguf, "--quiet")
+    try:
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 200
+        time.sleep(0.3)
+        assert not [ln for ln in proc.lines if "/v1/completions" in ln], proc.lines
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
 
 
 def test_streamed_chat_chunks(tiny_gguf, client):
@@ -254,7 +299,9 @@ def test_sigterm_ends_streams_and_frees_the_port(tiny_gguf):
 
     threading.Thread(target=reader, daemon=True).start()
     assert done.wait(60)
-    out, _ = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
+    proc.drained.join(10)
+    out = "".join(proc.lines)
     assert proc.returncode == 0 and "stopped" in out, out
     data = [x for x in lines if x.startswith("data: ")]
     assert data[-1] == "data: [DONE]" or "shutting down" in data[-1], lines[-3:]

@@ -31,9 +31,12 @@ def model_id(path: str | os.PathLike) -> str:
 def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
           backend: str = "cpu", api_key: str | None = None, max_batch: int = 8,
           context: int | None = None, max_queue: int = 64, threads: int | None = None,
-          i2s_variant: str = "x86", ready: Callable[[dict], None] | None = None) -> None:
+          i2s_variant: str = "x86", ready: Callable[[dict], None] | None = None,
+          access_log: Callable[[str], None] | None = None) -> None:
     """Serve ``path`` until a signal stops it. ``ready(info)`` is called once the port
-    listens, with ``url``, ``model``, ``backend``, ``max_batch`` and ``context``.
+    listens, with ``url``, ``model``, ``backend``, ``max_batch`` and ``context``;
+    ``access_log(line)`` once per request that has ended (client, method and path, status,
+    tokens in and out, milliseconds).
 
     The wgpu network holds one sequence at a time, so on ``wgpu`` requests run one after
     another (``max_batch`` 1; ``info["note"]`` says so).
@@ -58,7 +61,8 @@ def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
         engine = Engine(model.net, model.tokenizer, max_batch=max_batch, context=context,
                         max_queue=max_queue).start()
         server = Server(engine, model.tokenizer, model_id(path), int(time.time()))
-        config = uvicorn.Config(server.app(api_key), host=host, port=port, log_level="warning",
+        config = uvicorn.Config(server.app(api_key, access_log), host=host, port=port,
+                                log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=5)
         info = {"model": server.model_id, "backend": backend, "max_batch": max_batch,
                 "context": engine.context, "note": note}

@@ -21,7 +21,8 @@ import hmac
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -99,6 +100,36 @@ class _Auth:
         return await self.app(scope, receive, send)
 
 
+class _AccessLog:
+    """ASGI middleware: one line per request on stderr once its response has ended: client,
+    method and path, status, prompt and completion tokens (generation routes), milliseconds.
+    The handlers put the token counts in the scope (``bitformat.tokens``)."""
+
+    def __init__(self, app: Any, write: Callable[[str], None]):
+        self.app, self.write = app, write
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = [0]
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            tokens = scope.get("bitformat.tokens")
+            words = f" in={tokens[0]} out={tokens[1]}" if tokens else ""
+            self.write(f'{client[0]} "{scope["method"]} {scope["path"]}" '
+                       f"{status[0] or 499}{words} "
+                       f"{(time.perf_counter() - t0) * 1e3:.0f} ms")
+
+
 class Server:
     """The routes over one engine and one model id."""
 
@@ -137,7 +168,9 @@ class Server:
             return
         done.wait(timeout)
 
-    def app(self, api_key: str | None = None) -> Any:
+    def app(self, api_key: str | None = None,
+            access_log: Callable[[str], None] | None = None) -> Any:
+        """The ASGI app; ``access_log(line)`` hears one line per request where given."""
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model:path}", self.model, methods=["GET"]),
@@ -157,8 +190,9 @@ class Server:
         app = Starlette(routes=routes, exception_handlers={HTTPException: http_error,
                                                            Exception: crash})
         # browser chat UIs on another origin ask first (CORS preflight, without the key)
-        return CORSMiddleware(_Auth(app, api_key), allow_origins=["*"], allow_methods=["*"],
-                              allow_headers=["*"])
+        out = CORSMiddleware(_Auth(app, api_key), allow_origins=["*"], allow_methods=["*"],
+                             allow_headers=["*"])
+        return _AccessLog(out, access_log) if access_log is not None else out
 
     # -- plain routes -----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -205,6 +239,14 @@ class Server:
                 except RuntimeError:  # the loop has closed: nobody is listening
                     pass
 
+            room = self.engine.context - len(p.prompt)
+            if p.max_tokens is not None and p.max_tokens > room:
+                return error(400, f"max_tokens is {p.max_tokens}, but the prompt holds "
+                                  f"{len(p.prompt)} of the context's {self.engine.context} "
+                                  f"tokens, which leaves {max(room, 0)}: ask for at most "
+                                  f"{max(room, 0)} (or start the server with a larger "
+                                  "--context)", param="max_tokens",
+                             code="context_length_exceeded")
             limit = p.max_tokens if p.max_tokens is not None else self.engine.context
             req = EngineRequest(p.prompt, limit, p.sampling, p.stop,
                                 [] if p.ignore_eos else None)
@@ -215,7 +257,7 @@ class Server:
             return _from_exc(exc)
         shape = P.Shape(chat, self.model_id)
         if p.stream:
-            return StreamingResponse(self._stream(shape, p, handle, events),
+            return StreamingResponse(self._stream(shape, p, handle, events, request.scope),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
@@ -241,6 +283,8 @@ class Server:
                 if ev.token is not None:
                     ids.append(ev.token)
                 if ev.finish_reason:
+                    request.scope["bitformat.tokens"] = (ev.prompt_tokens,
+                                                         ev.completion_tokens)
                     return JSONResponse(shape.whole(
                         "".join(text), ev.finish_reason, ev.prompt_tokens,
                         ev.completion_tokens, ids if p.return_token_ids else None))
@@ -249,7 +293,7 @@ class Server:
             handle.cancel()  # no-op when finished; frees the slot when this task is cancelled
 
     async def _stream(self, shape: P.Shape, p: P.Params, handle,
-                      events: asyncio.Queue) -> AsyncIterator[bytes]:
+                      events: asyncio.Queue, scope: dict) -> AsyncIterator[bytes]:
         """Server-sent events in OpenAI's chunk format; runs until the finish or an error, and
         is cancelled by Starlette when the client disconnects."""
         usage = p.include_usage
@@ -267,6 +311,7 @@ class Server:
                 if ev.text or ids:
                     yield _sse(shape.chunk(ev.text, token_ids=ids, with_usage=usage))
                 if ev.finish_reason:
+                    scope["bitformat.tokens"] = (ev.prompt_tokens, ev.completion_tokens)
                     yield _sse(shape.chunk(None, ev.finish_reason, with_usage=usage))
                     if usage:
                         yield _sse(shape.usage_chunk(ev.prompt_tokens, ev.completion_tokens))

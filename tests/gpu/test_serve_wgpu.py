@@ -28,5 +28,5 @@ def test_wgpu_serves_one_request_at_a_time(adapter, tiny_gguf):
             assert r["choices"][0]["token_ids"] == want["tokens"][: len(want["tokens"]) - stop]
     finally:
         proc.terminate()
-        proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     assert "one sequence at a time" in proc.startup
