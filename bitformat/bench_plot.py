@@ -1,7 +1,9 @@
 """The picture of a :class:`~bitformat.bench.BenchResult`: one PNG with two panels.
 
-* Left: bytes read per token (x) against milliseconds per token (y), one labelled point per
-  container, with lines of constant GB/s through the range for reference.
+* Left: bytes read per token (x) against milliseconds per token (y), one point per container
+  (its own colour and marker, named in the legend below: labels beside the points covered
+  each other where containers read the same bytes), with lines of constant GB/s through the
+  range for reference.
 * Right: each container's milliseconds per token split into kernel classes (stacked bars),
   with the wall time per token marked where it differs from the classes' sum (wgpu: the
   classes are one profiled step's kernel times; the wall time adds submit and readback).
@@ -16,7 +18,7 @@ import os
 from pathlib import Path
 
 from .bench import CLASSES, LABELS, BenchResult
-from .report_plot import STYLE, save_figure
+from .report_plot import save_figure, style
 
 COLOURS = {"ternary": "#4c72b0", "lm_head": "#dd8452", "other": "#55a868",
            "attention": "#c44e52"}
@@ -33,27 +35,11 @@ def plot_bench(result: BenchResult, out: str | os.PathLike) -> None:
     cs = result.containers
     xs = [c.bytes_per_token / 1e6 for c in cs]
     ys = [c.ms_per_token for c in cs]
-    xspan = (max(xs) - min(xs) or 1.0) if cs else 1.0
-    yspan = max(ys, default=1.0) or 1.0
-    groups: list[tuple[float, float, list[str]]] = []  # points that coincide share a label
     for c, x, y in zip(cs, xs, ys, strict=True):
-        colour = STYLE.get(c.format, ("black",))[0]
+        colour, _, marker = style(c.format, 1 if c.decode == "fused" else 0)
         tps = f"{c.tokens_per_s:,.0f}" if c.tokens_per_s >= 100 else f"{c.tokens_per_s:.3g}"
-        left.scatter([x], [y], s=60, color=colour, zorder=3, edgecolor="black", linewidth=0.5,
-                     label=f"{c.label}: {tps} tok/s, {c.gbps:.2f} GB/s")
-        for gx, gy, names in groups:
-            if abs(x - gx) < 0.02 * xspan and abs(y - gy) < 0.03 * yspan:
-                names.append(c.label)
-                break
-        else:
-            groups.append((x, y, [c.label]))
-    for i, (x, y, names) in enumerate(groups):
-        near = sum(abs(x - u) < 0.1 * xspan and abs(y - v) < 0.1 * yspan  # stack close labels
-                   for u, v, _ in groups[:i])
-        right_side = near % 2 == 0  # close neighbours alternate sides, then stack down
-        left.annotate(" / ".join(names), (x, y), textcoords="offset points",
-                      xytext=(7 if right_side else -7, 2 - 11 * (near // 2)), fontsize=8,
-                      ha="left" if right_side else "right")
+        left.scatter([x], [y], s=70, color=colour, marker=marker, zorder=3, edgecolor="black",
+                     linewidth=0.5, label=f"{c.label}: {tps} tok/s, {c.gbps:.2f} GB/s")
     left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     if cs:
         lo, hi = min(xs) * 0.9, max(xs) * 1.1

@@ -27,12 +27,28 @@ FIGURE_FORMATS = ("png", "svg", "pdf")
 
 KIND_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
-STYLE = {  # container -> (colour, line style, marker)
-    "i2_s": ("#7f7f7f", "-", None), "tq2_0": ("#bcbd22", "--", None),
-    "tq1_0": ("#17becf", "-", None), "stfma": ("#9467bd", ":", None),
-    "colpack_u32": ("#8c564b", "-.", None), "base3": ("#ff7f0e", "-", None),
-    "rans": ("#d62728", "-", "."), "zstd19": ("#1f77b4", "-", None),
+#: container (or report series) -> (colour, line style, marker): each its own colour and marker
+#: (the bench plot draws markers only), so no two series look alike in either plot
+STYLE = {
+    "i2_s": ("#7f7f7f", "-", "o"), "tq2_0": ("#bcbd22", "--", "s"),
+    "tq1_0": ("#17becf", "-", "^"), "q2_0": ("#e377c2", "--", "D"),
+    "iq2_bn": ("#2ca02c", ":", "v"), "iq1_bn": ("#98df8a", "-.", "<"),
+    "stfma": ("#9467bd", ":", ">"), "colpack_u32": ("#8c564b", "-.", "p"),
+    "base3": ("#ff7f0e", "-", "h"), "rans": ("#d62728", "-", "*"),
+    "zstd19": ("#1f77b4", "-", "X"), "hf": ("#aec7e8", "--", "P"),
 }
+#: for series no table entry names: colours and markers the table does not use
+SPARE = (("#ffbb78", "d"), ("#c5b0d5", "H"), ("#c49c94", "8"))  # filled markers only
+
+
+def style(name: str, variant: int = 0) -> tuple[str, str, str]:
+    """(colour, line style, marker) of a series; ``variant`` > 0 gives the same container a
+    marker of its own (rans decoded at load and in the kernels)."""
+    if name in STYLE and variant == 0:
+        return STYLE[name]
+    colour = STYLE[name][0] if name in STYLE else SPARE[sum(map(ord, name)) % len(SPARE)][0]
+    marker = SPARE[(variant + sum(map(ord, name))) % len(SPARE)][1]
+    return colour, "--", marker
 
 
 def _order(names: list[str]) -> list[int]:
@@ -62,11 +78,12 @@ def plot_report(report: Report, out: str | os.PathLike) -> None:
         y = [tensors[i].bpw[c] for i in order]
         if all(v is None for v in y):
             continue
-        colour, ls, marker = STYLE.get(c, (None, "-", None))
+        colour, ls, marker = style(c)
         y = [float("nan") if v is None else v for v in y]
         total = report.model["bits_per_weight"][c]
         label = f"{LABELS.get(c, c)} ({total:.3f})" if total is not None else LABELS.get(c, c)
-        top.plot(x, y, ls, color=colour, marker=marker, markersize=3, lw=1.2, label=label)
+        top.plot(x, y, ls, color=colour, marker=marker, markersize=5, lw=1.2, label=label,
+                 markevery=max(1, len(x) // 24))
     fl = report.model["floors"]
     top.plot(x, [tensors[i].floors["order0_tensor"] for i in order], color="black", lw=1,
              ls="--", label=f"order-0 entropy, a table per tensor ({fl['order0_tensor']:.3f})")

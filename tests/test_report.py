@@ -177,3 +177,17 @@ def test_cli_convert_to_rans(tiny_gguf, tmp_path):
     r = CliRunner().invoke(main, ["convert", str(out), "--to", "i2_s", "-o",
                                   str(tmp_path / "back.gguf")], catch_exceptions=False)
     assert r.exit_code == 0 and (tmp_path / "back.gguf").read_bytes() == src.read_bytes()
+
+
+def test_every_series_has_its_own_colour_and_marker():
+    """report --plot and bench --plot: no two containers (nor rans decoded at load and in the
+    kernels) share a colour or a marker."""
+    from bitformat.formats import FORMAT_IDS
+    from bitformat.report_plot import style
+
+    names = [*FORMAT_IDS, "hf", "base3", "zstd19"]
+    looks = [style(n)[0] for n in names]
+    assert len(set(looks)) == len(names)
+    assert len({style(n)[2] for n in names}) == len(names)
+    assert style("rans", 1)[2] != style("rans")[2]
+    assert style("something_new")[0] not in looks
