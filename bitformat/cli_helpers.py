@@ -159,23 +159,32 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
     (or read from numba's cache) before anything is timed, saying so when they compile."""
     from .guide import is_synthetic, synthetic_note
     from .runtime import load
-    from .runtime.warmup import on_compile
+    from .runtime.warmup import finish_helper, on_compile, start_helper
 
     notice = CompileNotice(" (not counted in the speeds reported)")
+    # a cold kernel cache: a second process compiles the layer kernels meanwhile
+    helper = start_helper(file, backend)
     bar = LayerBar(file, backend)
     try:
-        with on_compile(notice, notice.done):  # validating rans streams compiles the decoder
-            model = load(file, backend=backend, i2s_variant=i2s_layout, progress=bar, head=head,
-                         **({"threads": threads} if backend == "cpu" else {}),
-                         **({"decode": decode} if backend != "numpy" else {}))
-    finally:
-        bar.close()
-    with model:
-        if is_synthetic(model.container_model.metadata):
-            click.echo(synthetic_note(str(file)), err=True)
         try:
-            with on_compile(notice, notice.done):
-                model.warmup()
+            with on_compile(notice, notice.done):  # validating rans streams compiles the
+                model = load(file, backend=backend, i2s_variant=i2s_layout, progress=bar,
+                             head=head, **({"threads": threads} if backend == "cpu" else {}),
+                             **({"decode": decode} if backend != "numpy" else {}))
         finally:
-            notice.close()
-        yield model
+            bar.close()
+        with model:
+            if is_synthetic(model.container_model.metadata):
+                click.echo(synthetic_note(str(file)), err=True)
+            try:
+                with on_compile(notice, notice.done):
+                    if helper is not None:  # the screened head here, the layers there
+                        model.prepare_head()
+                        finish_helper(helper)
+                    model.warmup()
+            finally:
+                notice.close()
+            yield model
+    finally:
+        if helper is not None and helper.poll() is None:  # interrupted: the helper goes too
+            helper.kill()

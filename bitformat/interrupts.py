@@ -27,11 +27,18 @@ WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
 _pending: dict[str, threading.Event] = {}
 _lock = threading.Lock()
+#: helper processes that end with this one (the compile helper of runtime/warmup.py)
+CHILDREN: set = set()
 
 
 def _hard_exit(signum: int) -> None:
     from .atomic import remove_live
 
+    for child in list(CHILDREN):
+        try:
+            child.kill()
+        except OSError:
+            pass
     remove_live()
     try:
         os.write(2, f"{WORDS[signum]}: nothing unfinished was left\n".encode())

@@ -106,3 +106,26 @@ def test_a_swallowed_interrupt_still_ends_the_command(sig, code):
     assert proc.returncode == code and b"ran on" not in out
     lines = [ln for ln in err.decode().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(("interrupted", "terminated")), lines
+
+
+@pytest.mark.slow
+def test_a_cold_start_compiles_in_two_processes(tiny_gguf, tmp_path):
+    """On an empty kernel cache `run` starts a helper that compiles the layer kernels on a
+    tiny model while it loads and compiles the screened head: it compiles fewer functions
+    itself, and generates the same tokens as a run that compiles everything alone."""
+    import json
+
+    logs = {}
+    for helper in ("1", "0"):
+        cache = tmp_path / f"numba{helper}"
+        cache.mkdir()
+        log = tmp_path / f"log{helper}.json"
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "BITFORMAT_COMPILE_HELPER": helper,
+               "BITFORMAT_COMPILE_LOG": str(log)}
+        p = subprocess.run(CLI + ["run", str(tiny_gguf), "--prompt-ids", "1,2,3", "-n", "6",
+                                  "--json"], capture_output=True, env=env, timeout=900)
+        assert p.returncode == 0, p.stderr.decode()[-800:]
+        logs[helper] = (json.loads(p.stdout.decode().strip().splitlines()[-1])["tokens"],
+                        json.loads(log.read_text())["count"])
+    assert logs["1"][0] == logs["0"][0]
+    assert logs["1"][1] < logs["0"][1] / 2, logs  # most of the kernels came from the helper

@@ -111,6 +111,44 @@ def main() -> None:
                 print(f"    {own:7.2f} s own ({inc:7.2f} with nested)  {name}")
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
+    if a.write:
+        from benchdoc import DOC, replace_section
+
+        replace_section(DOC, SECTION, section(res, a), after="Decode on the CPU (full-size "
+                                                             "synthetic 2B-4T)")
+
+
+def section(res: dict, a) -> str:
+    cold, warm = res["cold"], res["warm"]
+    c = cold.get("compile", {})
+    funcs = sorted(c.get("functions", {}).items(), key=lambda kv: -kv[1][1])[:6]
+    lines = [f"## {SECTION}", "",
+             f"Command: `python tools/bench_cold_start.py {Path(a.model).name} --write` on "
+             "`bitformat synth --preset 2b4t` (i2_s). Machine: " + res["cpu"] + ". Each "
+             "figure is a new process with an empty kernel cache (`NUMBA_CACHE_DIR` a fresh "
+             "folder); other processes' CPU time during each is given as cores busy (this "
+             "one's included).", "",
+             "| what | first output | total | compiled here | cores busy |",
+             "|---|---|---|---|---|",
+             f"| `bitformat run ... -n {a.tokens}`, empty cache | "
+             f"{cold['first_output_s']:.1f} s | {cold['total_s']:.1f} s | {c.get('count', 0)} "
+             f"functions, {c.get('seconds', 0):.1f} s | {cold['cpu_busy_cores']:.2f} |",
+             f"| the same, cache filled | {warm['first_output_s']:.1f} s | "
+             f"{warm['total_s']:.1f} s | none | {warm['cpu_busy_cores']:.2f} |"]
+    if "warmup" in res:
+        w = res["warmup"]
+        wc = w.get("compile", {})
+        lines.append(f"| `bitformat warmup` (every container), empty cache | | "
+                     f"{w['total_s']:.1f} s | {wc.get('count', 0)} functions, "
+                     f"{wc.get('seconds', 0):.1f} s | {w['cpu_busy_cores']:.2f} |")
+    lines += ["", "On an empty cache `run` starts a second process that compiles the layer "
+              "kernels on a tiny synthetic model of the same family and container while the "
+              "first loads the file and compiles the screened head (`runtime/warmup.py`, "
+              "`start_helper`; `BITFORMAT_COMPILE_HELPER=0` turns it off): the two cores "
+              "compile at once, and the kernels reach the first process through numba's cache "
+              "on disk. The slowest functions the first process compiled itself: " +
+              ", ".join(f"{n} {own:.1f} s" for n, (inc, own) in funcs) + "."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

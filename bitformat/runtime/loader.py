@@ -120,6 +120,16 @@ class LoadedModel:
                                         + self.last_stats.kv_bytes_last_token)
         return d
 
+    def prepare_head(self) -> None:
+        """Run the head's choice once on a made-up hidden state (the screened head's kernels
+        compile on their first call): what a cold start compiles here while a helper process
+        compiles the layers (:func:`.warmup.start_helper`)."""
+        if self.backend.name == "numpy":
+            return
+        h = np.random.default_rng(0).standard_normal((1, self.args.dim)).astype(np.float32)
+        self.net.head.select(h, [Sampler()])
+        self.net.head.reset_stats()
+
     def warmup(self) -> float:
         """Run every kind of step once on a throw-away cache and return the seconds it took.
 

@@ -12,6 +12,9 @@ first run's pause is.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -123,4 +126,102 @@ def warm_up_all(backend: str = "cpu",
     return steps
 
 
-__all__ = ["WarmupStep", "on_compile", "warm_up_all"]
+__all__ = ["WarmupStep", "finish_helper", "on_compile", "start_helper", "warm_up_all"]
+
+
+# -- a second process compiling beside the first (a cold kernel cache) ---------------------------
+#: ``BITFORMAT_COMPILE_HELPER=0`` turns the helper off
+ENV_HELPER = "BITFORMAT_COMPILE_HELPER"
+TINY = {"bitnet-2b4t": "tiny", "bitnet-1bitllm": "tiny-1bitllm", "llama": "tiny-llama",
+        "qwen3": "tiny-qwen3"}
+
+
+def cache_is_cold() -> bool:
+    """Whether numba's cache lacks the cpu backend's one-token attention kernel (then the
+    first run compiles nearly everything)."""
+    try:
+        from .cpu import ops
+
+        return not os.path.exists(ops.attend_one._cache._cache_file._index_path)
+    except Exception:  # numba's internals moved: assume warm (no helper)
+        return False
+
+
+def start_helper(path: str | os.PathLike, backend: str) -> subprocess.Popen | None:
+    """On a cold kernel cache, start a process that compiles the layer kernels of the model
+    at ``path`` (its family and container) on a tiny synthetic model with the full head,
+    while this one loads the real model and compiles its screened head: two cores compile at
+    once. numba's cache is shared through the file system, so what the helper wrote this
+    process then loads instead of compiling. None where the cache is warm, the backend is not
+    cpu, the file is not one it knows, or ``BITFORMAT_COMPILE_HELPER=0``."""
+    if os.environ.get(ENV_HELPER, "1") in ("0", "") or backend != "cpu" or not cache_is_cold():
+        return None
+    try:
+        from ..constants import GGMLType
+        from ..container import open_model
+        from ..families import family_of
+
+        with open_model(path) as m:
+            family = family_of({k: v.plain() for k, v in m.metadata.items()
+                                if not k.startswith("tokenizer.")})
+            container = m.container
+            head = "output.weight" if any(e.name == "output.weight" for e in m.entries) \
+                else "token_embd.weight"
+            q2 = any(e.name == head and e.encoding == GGMLType.Q2_0.name.lower()
+                     for e in m.entries)
+    except Exception:  # anything unusual: no helper, the run compiles as before
+        return None
+    preset = TINY.get(family.id)
+    if preset is None:
+        return None
+    cmd = [sys.executable, "-m", "bitformat.runtime.warmup", preset, container,
+           "q2_0" if q2 else "f16"]
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    from ..interrupts import CHILDREN
+
+    CHILDREN.add(proc)  # a signal that ends this process ends the helper too
+    return proc
+
+
+def finish_helper(helper: subprocess.Popen | None, timeout: float = 600) -> None:
+    """Wait for the helper (ending it if it takes longer than ``timeout``)."""
+    if helper is None:
+        return
+    from ..interrupts import CHILDREN
+
+    try:
+        helper.wait(timeout)
+    except subprocess.TimeoutExpired:
+        helper.kill()
+        helper.wait()
+    except BaseException:  # Ctrl-C while waiting: the helper goes too
+        helper.kill()
+        raise
+    finally:
+        CHILDREN.discard(helper)
+
+
+def _helper_main(preset: str, container: str, embedding: str) -> None:
+    """The helper's work: a tiny model of the preset in the container, its full-head warmup."""
+    from ..container import convert
+    from ..synth import synth
+    from .loader import load
+
+    with tempfile.TemporaryDirectory(prefix="bitformat-helper-") as tmp:
+        path = synth(preset, Path(tmp) / "tiny.gguf", embedding=embedding)
+        if container not in ("i2_s", "none", "mixed"):
+            try:
+                convert(path, Path(tmp) / f"tiny.{container}.gguf", container)
+                path = Path(tmp) / f"tiny.{container}.gguf"
+            except Exception:  # a container the tiny model cannot take: i2_s's kernels then
+                pass
+        with load(path, backend="cpu", head="full") as m:
+            m.warmup()
+
+
+if __name__ == "__main__":
+    _helper_main(*sys.argv[1:4])
