@@ -399,3 +399,29 @@ def test_golden_fixture(fid):
     if fid in GGUF_TYPE:
         x = trits.astype(np.float32) * np.float32(info["scale"])
         assert_bytes(fid, t.rows, t.cols, raw, quantize(x, GGUF_TYPE[fid]))
+
+
+@pytest.mark.parametrize("fid", ["i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "q2_0",
+                                 "iq2_bn", "iq1_bn"])
+def test_validate_raises_what_decode_raises(fid):
+    """validate (what a backend checks at load, i2_s without making the trits) refuses a code 3
+    and a bad scale as decode does, with the same message, and passes what decode passes."""
+    from bitformat.formats import get_format
+
+    p, raw = _valid(fid, cols=512)
+    fmt = get_format(fid)
+    rows, cols = p.trits.shape
+    scale = float(p.scales[0]) if p.scales.size == 1 else None
+    fmt.validate(raw, rows, cols, scale=scale, name=NAME)  # valid: nothing
+    if fid == "i2_s":
+        bad = raw.copy()
+        bad[100] |= 0b11 << 2
+        with pytest.raises(InvalidTritError) as a:
+            fmt.decode(bad, rows, cols, name=NAME)
+        with pytest.raises(InvalidTritError) as b:
+            fmt.validate(bad, rows, cols, name=NAME)
+        assert str(a.value) == str(b.value)
+        bad = raw.copy()
+        bad[-32:-28] = np.frombuffer(np.float32(np.nan).tobytes(), np.uint8)
+        with pytest.raises(InvalidScaleError, match="scale is nan"):
+            fmt.validate(bad, rows, cols, name=NAME)

@@ -98,6 +98,12 @@ class TernaryFormat:
         """
         raise NotImplementedError
 
+    def validate(self, raw: np.ndarray, rows: int, cols: int, *, scale: float | None = None,
+                 path: str | None = None, name: str | None = None) -> None:
+        """Raise what :meth:`decode` raises for these bytes, else nothing (a format may check
+        faster than it decodes: i2_s)."""
+        self.decode(raw, rows, cols, scale=scale, path=path, name=name)
+
 
 def _round_scales_f16(t: TernaryTensor, fmt: str, allow: bool) -> tuple[TernaryTensor, float]:
     s = t.scales

@@ -127,6 +127,10 @@ class TernarySource:
         """uint8 ``[rows, row_bytes]``: each row's bytes (i2_s without its 32-byte tail)."""
         return self.raw[: self.rows * self.row_bytes].reshape(self.rows, self.row_bytes)
 
+    def validate(self) -> None:
+        """Every check the format's reader makes on the whole tensor (the trits unmade)."""
+        self.fmt.validate(self.raw, self.rows, self.cols, scale=self.scale, name=self.name)
+
     def decode_rows(self, r0: int, r1: int) -> TernaryTensor:
         """Rows ``r0:r1`` decoded (and validated) by the format's own reader."""
         if self.row_bytes is None:

@@ -130,29 +130,32 @@ class LoadedModel:
         self.net.head.select(h, [Sampler()])
         self.net.head.reset_stats()
 
-    def warmup(self) -> float:
+    def warmup(self, parts: Sequence[str] = ("prompt", "step")) -> float:
         """Run every kind of step once on a throw-away cache and return the seconds it took.
 
-        An 18-token prompt (longer than the rans kernels' one-token-at-a-time limit and the
-        cpu backend's batch kernels' 16 rows), a 2-token step (a batched decode step's kernels)
-        and one decode step, also through the device's own argmax where there is one: the
-        first run of a kernel compiles it (numba, on the cpu backend: about 20 s in all, once
-        per machine, then read from numba's cache) or builds its pipeline (wgpu). Timings
-        taken afterwards measure the model, not the compiler. The numpy backend has nothing to
-        prepare.
+        ``parts``: "prompt", an 18-token prompt (longer than the rans kernels'
+        one-token-at-a-time limit and the cpu backend's batch kernels' 16 rows) and a 2-token
+        step (a batched decode step's kernels); "step", one decode step, also through the
+        device's own argmax where there is one, and the head as a token is chosen. The first
+        run of a kernel compiles it (numba, on the cpu backend, once per machine, then read
+        from numba's cache: docs/benchmarks.md, "First run") or builds its pipeline (wgpu).
+        Timings taken afterwards measure the model, not the compiler. The numpy backend has
+        nothing to prepare.
         """
         t0 = time.perf_counter()
         if self.backend.name == "numpy":
             return 0.0
         prompt = [0] * 18
         cache = self.net.new_cache(len(prompt) + 5)
-        self.net.forward(prompt, cache)
-        self.net.forward(prompt[:2], cache)
-        self.net.forward(prompt[:1], cache)
-        if hasattr(self.net, "forward_argmax"):
-            self.net.forward_argmax(prompt[:1], cache)
-        # the head as a token is chosen (the screened head's kernels; wgpu: its upload)
-        self.net.decode([Segment(prompt[:1], cache)], [Sampler()])
+        if "prompt" in parts:
+            self.net.forward(prompt, cache)
+            self.net.forward(prompt[:2], cache)
+        if "step" in parts:
+            self.net.forward(prompt[:1], cache)
+            if hasattr(self.net, "forward_argmax"):
+                self.net.forward_argmax(prompt[:1], cache)
+            # the head as a token is chosen (the screened head's kernels; wgpu: its upload)
+            self.net.decode([Segment(prompt[:1], cache)], [Sampler()])
         return time.perf_counter() - t0
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:

@@ -206,7 +206,9 @@ def finish_helper(helper: subprocess.Popen | None, timeout: float = 600) -> None
 
 
 def _helper_main(preset: str, container: str, embedding: str) -> None:
-    """The helper's work: a tiny model of the preset in the container, its full-head warmup."""
+    """The helper's work: a tiny model of the preset in the container, its full-head warmup
+    (splitting the one-token step off to the first process was slower: the two then compile
+    many of the same helpers)."""
     from ..container import convert
     from ..synth import synth
     from .loader import load

@@ -265,7 +265,7 @@ class CpuBackend(Backend):
         if src is None or src.row_bytes is None:
             return self._repacked_weight(name, src)
         if self.validate:  # the kernels trust the bytes: check every code and scale once
-            src.decode_rows(0, src.rows)
+            src.validate()
         data = self._arena.copy(src.rows_view())
         if src.encoding in TWO_BIT:
             layout, kind = TWO_BIT[src.encoding]
