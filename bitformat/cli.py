@@ -511,7 +511,8 @@ def warmup(backend: str) -> None:
             notice.close()
     for s in steps:
         click.echo(f"  {s.what:<24} ready in {s.seconds:6.2f} s")
-    click.echo(f"kernels ready: {notice.count} compiled now" if notice.count else
+    compiled = sum(s.compiled for s in steps)  # both processes' (the notice hears this one's)
+    click.echo(f"kernels ready: {compiled} compiled now" if compiled else
                "kernels ready: all were already in numba's cache")
 
 

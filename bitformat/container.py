@@ -187,8 +187,9 @@ def require_ternary(model: Model) -> None:
             "(`bitformat inspect` lists its tensors)", path=model.path)
     if arch not in MASTER_ARCHITECTURES:
         raise UnsupportedConversionError(
-            f"{what}; bitformat reads ternary tensors, and quantizes float weights of "
-            f"{', '.join(MASTER_ARCHITECTURES)} models only", path=model.path)
+            f"{what}; architecture {arch!r} is not BitNet b1.58: bitformat reads ternary "
+            f"tensors, and quantizes float weights of {', '.join(MASTER_ARCHITECTURES)} "
+            "models only", path=model.path)
     raise UnsupportedConversionError(f"{what}, and no BitNet projections "
                                      "(blk.N.attn_q.weight ...) to quantize", path=model.path)
 

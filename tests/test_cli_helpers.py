@@ -176,3 +176,19 @@ def test_readme_shows_the_real_model_commands():
     assert len(commands) == 8 and all(c in readme for c in commands)
     for line in synthetic_note("x.gguf").splitlines()[1:3]:
         assert line.strip() in readme
+
+
+def test_warmup_runs_every_variant_in_two_processes():
+    """`bitformat warmup` splits the variants over two processes and reports them all, in order,
+    with both processes' compile counts; a second run finds everything in numba's cache."""
+    from bitformat.runtime.warmup import SECOND, _variants, warm_up_all
+
+    steps = warm_up_all("cpu", processes=2)
+    assert [s.what for s in steps] == [w for _, w in _variants()]
+    assert {v for v, _ in _variants()} >= set(SECOND)
+    again = warm_up_all("cpu", processes=2)
+    assert [s.compiled for s in again] == [0] * len(again)
+    r = CliRunner().invoke(main, ["warmup"])
+    assert r.exit_code == 0, r.output
+    assert "kernels ready: all were already in numba's cache" in r.output
+    assert "rans (fused decode)" in r.output and "Traceback" not in r.output

@@ -65,6 +65,7 @@ def on_compile(callback: Callable[[str], None],
 class WarmupStep:
     what: str  # the model variant run, e.g. "i2_s" or "hf (f32 embedding)"
     seconds: float
+    compiled: int = 0  # functions numba compiled in this step (0: all were in its cache)
 
 
 def _bf16_embedding_copy(src: Path, out: Path) -> None:
@@ -87,43 +88,93 @@ def _bf16_embedding_copy(src: Path, out: Path) -> None:
         w.write(iter(blobs))
 
 
-def warm_up_all(backend: str = "cpu",
-                progress: Callable[[str, int, int], None] | None = None) -> list[WarmupStep]:
-    """Compile (or load from numba's cache) every kernel a model can use on this machine.
+#: the variants a second process runs in parallel on a machine with two or more cores: the
+#: rANS decoders and encoder (about half of the compilation, little shared with the rest)
+SECOND = ("rans", "rans:fused")
 
-    Writes a tiny synthetic model in a temporary folder, converts it into every container (the
-    rans encoder compiles too) and to an hf folder (an f32 embedding), adds a copy with a BF16
-    embedding, and runs :meth:`~.loader.LoadedModel.warmup` on each on ``backend``.
-    ``progress(what, index, total)`` is called before each step. Takes about a minute the
-    first time on a 2-core machine, seconds afterwards.
-    """
-    from ..container import convert
+
+def _variants() -> list[tuple[str, str]]:
     from ..formats import FORMAT_IDS
+
+    return [(fid, fid) for fid in FORMAT_IDS] + [("hf", "hf (f32 embedding)"),
+                                                ("bf16", "i2_s (bf16 embedding)"),
+                                                ("rans:fused", "rans (fused decode)")]
+
+
+def _run_variants(backend: str, names: list[str] | None,
+                  progress: Callable[[str, int, int], None] | None,
+                  done: Callable[[WarmupStep], None] | None = None) -> list[WarmupStep]:
+    from ..container import convert
     from ..synth import synth
     from .loader import load
 
+    variants = [(v, w) for v, w in _variants() if names is None or v in names]
     steps: list[WarmupStep] = []
     with tempfile.TemporaryDirectory(prefix="bitformat-warmup-") as tmp:
         d = Path(tmp)
         base = synth("tiny", d / "tiny.gguf")
-        variants = [(fid, fid) for fid in FORMAT_IDS] + [("hf", "hf (f32 embedding)"),
-                                                        ("bf16", "i2_s (bf16 embedding)"),
-                                                        ("rans:fused", "rans (fused decode)")]
         for i, (fid, what) in enumerate(variants):
             if progress is not None:
                 progress(what, i, len(variants))
             t0 = time.perf_counter()
             fid, _, decode = fid.partition(":")  # rans twice: decoded at load, and fused
             path = base if fid == "i2_s" else d / f"tiny.{fid}"
-            if fid == "bf16":
-                _bf16_embedding_copy(base, path)
-            elif fid != "i2_s" and not path.exists():
-                convert(base, path, fid)
             extra = {"decode": decode} if decode and backend != "numpy" else {}
-            with load(path, backend=backend, **extra) as m:
-                m.warmup()
-            steps.append(WarmupStep(what, time.perf_counter() - t0))
+            heard: list[str] = []
+            with on_compile(heard.append):
+                if fid == "bf16":
+                    _bf16_embedding_copy(base, path)
+                elif fid != "i2_s" and not path.exists():
+                    convert(base, path, fid)
+                with load(path, backend=backend, **extra) as m:
+                    m.warmup()
+            steps.append(WarmupStep(what, time.perf_counter() - t0, len(heard)))
+            if done is not None:
+                done(steps[-1])
     return steps
+
+
+def warm_up_all(backend: str = "cpu",
+                progress: Callable[[str, int, int], None] | None = None,
+                processes: int | None = None) -> list[WarmupStep]:
+    """Compile (or load from numba's cache) every kernel a model can use on this machine.
+
+    Writes a tiny synthetic model in a temporary folder, converts it into every container (the
+    rans encoder compiles too) and to an hf folder (an f32 embedding), adds a copy with a BF16
+    embedding, and runs :meth:`~.loader.LoadedModel.warmup` on each on ``backend``.
+    ``progress(what, index, total)`` is called before each step. With two or more cores
+    (``processes``, default the CPU count, at most 2) a second process runs the rans variants
+    (:data:`SECOND`) meanwhile; numba's cache on disk holds what both compiled. Times:
+    docs/benchmarks.md, "First run".
+    """
+    n = min(2, processes or os.cpu_count() or 1)
+    helper = None
+    if n > 1 and backend == "cpu":
+        with contextlib.suppress(OSError):
+            helper = subprocess.Popen([sys.executable, "-m", "bitformat.runtime.warmup",
+                                       "--variants", ",".join(SECOND), backend],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True)
+    if helper is None:
+        return _run_variants(backend, None, progress)
+    from ..interrupts import CHILDREN
+
+    CHILDREN.add(helper)
+    try:
+        mine = [v for v, _ in _variants() if v not in SECOND]
+        steps = _run_variants(backend, mine, progress)
+        out, _ = helper.communicate()
+        theirs = [WarmupStep(w, float(t), int(c)) for w, t, c in
+                  (line.split("\t") for line in out.splitlines() if line.count("\t") == 2)]
+        if helper.returncode != 0 or len(theirs) != len(SECOND):  # run them here instead
+            theirs = _run_variants(backend, list(SECOND), progress)
+    except BaseException:
+        helper.kill()
+        raise
+    finally:
+        CHILDREN.discard(helper)
+    order = [w for _, w in _variants()]
+    return sorted(steps + theirs, key=lambda s: order.index(s.what))
 
 
 __all__ = ["WarmupStep", "finish_helper", "on_compile", "start_helper", "warm_up_all"]
@@ -226,4 +277,8 @@ def _helper_main(preset: str, container: str, embedding: str) -> None:
 
 
 if __name__ == "__main__":
-    _helper_main(*sys.argv[1:4])
+    if sys.argv[1:2] == ["--variants"]:  # warm_up_all's second process: a line per step
+        _run_variants(sys.argv[3], sys.argv[2].split(","), None,
+                      lambda st: print(f"{st.what}\t{st.seconds}\t{st.compiled}", flush=True))
+    else:
+        _helper_main(*sys.argv[1:4])
