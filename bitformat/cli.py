@@ -380,8 +380,9 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
         i2s_layout: str, decode: str, head: str, as_json: bool) -> None:
     """Generate text from FILE (any container or HF folder), streaming as it goes.
 
-    The first run on a machine compiles the cpu kernels (about 20 s, said on stderr, kept out
-    of the reported speeds; `bitformat warmup` does it ahead). For a conversation of several
+    The first run on a machine compiles the cpu kernels (said on stderr, kept out of the
+    reported speeds): on 2 cores the full-size 2B-4T's first token comes about 30 s after the
+    start instead of 11 s; `bitformat warmup` does it ahead. For a conversation of several
     turns, use `bitformat chat`."""
     from .cli_helpers import ready_model
 
@@ -490,8 +491,9 @@ def warmup(backend: str) -> None:
 
     numba compiles the cpu kernels for the CPU that runs them, on first use, and caches them
     on disk (beside the installed package, or in NUMBA_CACHE_DIR); pip cannot do it at install
-    time. This runs a tiny synthetic model through every container once (about a minute the
-    first time, seconds afterwards), so the first `bitformat run` starts at once."""
+    time. This runs a tiny synthetic model through every container once, in two processes
+    (about a minute on 2 cores the first time, seconds afterwards), so the first `bitformat
+    run` starts at once."""
     from tqdm import tqdm
 
     from .runtime.warmup import on_compile, warm_up_all

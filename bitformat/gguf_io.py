@@ -168,6 +168,33 @@ class _Cursor:
                               path=self.path) from None
 
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """``count`` strings in a row, as :meth:`string` reads them one by one (with the same
+        errors), in a tight loop: a tokenizer's vocabulary holds 100,000 and more."""
+        buf, pos, size, out = memoryview(self.buf), self.pos, self.size, []
+        unpack = _U64.unpack_from
+        for i in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.u64(f"the length of element {i} of {what}")  # raises TruncatedError
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if n > min(size - pos, MAX_STRING):
+                raise CountTooLargeError(f"element {i} of {what} claims {n} bytes but only "
+                                         f"{size - pos} remain", path=self.path)
+            try:
+                out.append(str(buf[pos:pos + n], "utf-8"))
+            except UnicodeDecodeError as exc:
+                raise FormatError(f"element {i} of {what} is not valid UTF-8 ({exc.reason} at "
+                                  f"byte {exc.start})", path=self.path) from None
+            pos += n
+        self.pos = pos
+        return out
+
+
+_U64 = struct.Struct("<Q")
+
+
 class GGUFReader:
     """Memory-mapped, strictly validated view of a GGUF file.
 
@@ -264,8 +291,7 @@ class GGUFReader:
             raise CountTooLargeError(f"{what} claims {count} elements, more than the "
                                      f"{cur.remaining()} bytes left can hold", path=self.path)
         if item == ValueType.STRING:
-            return MetaValue(vtype, [cur.string(f"element {i} of {what}") for i in range(count)],
-                             item)
+            return MetaValue(vtype, cur.strings(count, what), item)
         data = cur.take(count * min_size, what)
         arr = np.frombuffer(data, dtype=ARRAY_DTYPE[item]).copy()
         if item == ValueType.BOOL:

@@ -90,7 +90,8 @@ def test_slots_match_layout_table(layout, lane, cols, bpr):
 
 
 @pytest.mark.parametrize("heads,kv,d,pos", [(8, 2, 16, 0), (8, 2, 16, 37), (4, 4, 32, 5),
-                                           (20, 5, 128, 90)])
+                                           (20, 5, 128, 90), (8, 2, 16, 255), (8, 2, 16, 256),
+                                           (20, 5, 128, 700)])
 def test_attend_one_matches_numpy(heads, kv, d, pos):
     rng = np.random.default_rng(pos + d)
     q = rng.standard_normal((1, heads, d)).astype(np.float32) * 3
@@ -114,12 +115,38 @@ def test_attend_one_matches_numpy(heads, kv, d, pos):
     assert np.abs(out - want).max() < 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("pos", [0, 255, 256, 700, 1023])
+def test_attend_one_split_same_bits(pos):
+    """Attention split into (kv head, run of positions) partials among threads and merged
+    gives attend_one's bits, and both stay close to a float64 softmax at long contexts."""
+    rng = np.random.default_rng(pos)
+    heads, kv, d = 20, 5, 32
+    q = rng.standard_normal((heads, d)).astype(np.float32) * 2
+    k = rng.standard_normal((kv, d)).astype(np.float32)
+    v = rng.standard_normal((kv, d)).astype(np.float32)
+    kc = rng.standard_normal((pos + 1, kv, d)).astype(np.float32)
+    vc = rng.standard_normal((pos + 1, kv, d)).astype(np.float32)
+    cos, sin = np.ones(d // 2, np.float32), np.zeros(d // 2, np.float32)  # RoPE at position 0
+    a, b = np.empty(heads * d, np.float32), np.empty((1, heads * d), np.float32)
+    kc2, vc2 = kc.copy(), vc.copy()
+    ops.attend_one(q, k, v, cos, sin, kc, vc, pos, a)
+    ops.attend_one_split(q, k, v, cos, sin, kc2, vc2, pos, b)
+    np.testing.assert_array_equal(a, b[0])
+    np.testing.assert_array_equal(kc, kc2)
+    group = heads // kv
+    for h in range(heads):
+        sc = kc[:, h // group].astype(np.float64) @ q[h].astype(np.float64) / np.sqrt(d)
+        p = np.exp(sc - sc.max())
+        want = (p / p.sum()) @ vc[:, h // group].astype(np.float64)
+        np.testing.assert_allclose(a[h * d: (h + 1) * d], want, rtol=1e-4, atol=1e-5)
+
+
 def test_attend_rows_same_bits_as_attend_one():
     """A decode step's tokens in one call, each on its own cache (other lengths, positions,
     layers), give attend_one's bits and cache writes, and touch nothing else."""
     rng = np.random.default_rng(11)
     layers, heads, kv, d = 3, 8, 2, 32
-    lens, pos = [40, 7, 64, 41], [39, 0, 12, 25]
+    lens, pos = [40, 7, 600, 41], [39, 0, 530, 25]
     T, layer = len(lens), 1
     caches = [(rng.standard_normal((layers, n, kv, d)).astype(np.float32),
                rng.standard_normal((layers, n, kv, d)).astype(np.float32)) for n in lens]

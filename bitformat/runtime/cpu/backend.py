@@ -376,7 +376,8 @@ class CpuBackend(Backend):
         return QuantizedActivations(q, s)
 
     def attend(self, q, k, v, kc, vc, start, cos, sin):
-        """One token: :func:`.ops.attend_one`. A prompt: the numpy attention of
+        """One token: :func:`.ops.attend_one` (:func:`.ops.attend_one_split` among threads past
+        one run of positions). A prompt: the numpy attention of
         :meth:`.Backend.attend` (BLAS matrix products), with BLAS held to this thread. Left to
         its own threads, OpenBLAS keeps them spinning for a while after each call, on the cores
         the numba kernels run on next: a 64-token prompt of 2B-4T took 1.9 s that way, 0.7 s
@@ -385,7 +386,12 @@ class CpuBackend(Backend):
             with self._blas.limit(limits=1, user_api="blas"):
                 return super().attend(q, k, v, kc, vc, start, cos, sin)
         out = np.empty((1, q.shape[1] * q.shape[2]), np.float32)
-        ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
+        nch = ops.attn_chunks(start + 1)
+        if nch > 1:  # a long context: its runs of positions split among threads (same bits)
+            self._call(ops.attend_one_split, nch * ops.ATTN_CHUNK * kc[0].nbytes * 2, q[0],
+                       k[0], v[0], cos[0], sin[0], kc, vc, start, out)
+        else:
+            ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
         return out
 
     def decode_plan(self, net) -> D.Plan | None:

@@ -15,7 +15,8 @@ the others wait. As 150 parallel loops (four mat-vecs and the heads per layer) t
 The arithmetic is the layer-by-layer path's, step for step, so the bits are the same:
 :func:`.ops.norm_quant` and :func:`.ops.glu_norm_quant` for the norms and int8 activations,
 :func:`.kernels.slot_activations`'s layout, :func:`.kernels.mm2_vnni`'s sums and epilogue, and
-:func:`.ops.attend_one`'s attention per head (``tests/test_cpu_ops.py`` compares them).
+:func:`.ops.attend_one`'s attention (partials per kv head and run of positions, merged; the
+same bits whichever thread computes which: ``tests/test_cpu_ops.py`` compares them).
 
 It covers the common case only (:meth:`.backend.CpuBackend.decode_plan`): the vnni kernels,
 2-bit matrices (i2_s, stfma) with q/k/v and gate/up stacked in the arena, a family with
@@ -32,7 +33,18 @@ from numba import carray, get_num_threads, njit, prange
 
 from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, amx_tail, block_scratch
 from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
-from .ops import _f32_at, _head, _norm_row, _quantize_row, _rope
+from .ops import (
+    ATTN_CHUNK,
+    PART_V,
+    _attend,
+    _f32_at,
+    _merge,
+    _norm_row,
+    _part,
+    _quantize_row,
+    _rope,
+    _rope_heads,
+)
 from .team import SYNC_WIDTH, claim, finish, finish_run, serial, take_guided, wait_done
 
 #: columns of :data:`Plan.mats`: each matrix's offset in the arena, rows, bytes per row, offset
@@ -126,10 +138,14 @@ def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, t
     o = np.empty(dim, np.float32)
     gu = np.empty(2 * hidden, np.float32)
     sq = np.empty(2, np.float32)  # the activations' scale and their sum, for all threads
+    d = kc.shape[3]
+    qr = np.empty((heads, d), np.float32)  # the query heads, RoPE applied
+    parts = np.empty(((pos + ATTN_CHUNK) // ATTN_CHUNK, heads, d + PART_V),
+                     np.float32)  # attention partials (:func:`.ops._part`)
     sync = np.zeros((PHASES_PER_LAYER * mats.shape[0] + 1, SYNC_WIDTH), np.int64)
     for _t in prange(threads):
         _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, hrow[0], x, q8,
-              xg, y, o, gu, sq, sync, threads, least)
+              xg, y, o, gu, sq, qr, parts, sync, threads, least)
 
 
 #: phases of :func:`_step` per layer (and one after the last)
@@ -138,15 +154,15 @@ PHASES_PER_LAYER = 10
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q8, xg, y, o,
-          gu, sq, sync, threads, least):
+          gu, sq, qr, parts, sync, threads, least):
     """One thread's part of :func:`decode_row`: every phase in order, serial ones where this
     thread is first to claim them."""
     dim = h.shape[0]
     KV, d = kc.shape[2], kc.shape[3]
     H = heads
-    group = H // KV
     hidden = mats[0, GATE_UP, ROWS] // 2
     n = pos + 1
+    nch = parts.shape[1]
     scale = np.float32(1.0 / math.sqrt(d))
     f32eps = np.float32(eps)
     ph = 0
@@ -166,17 +182,18 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
             for j in range(KV):
                 _rope(y[(H + j) * d: (H + j + 1) * d], cos, sin, kl[pos, j])
                 vl[pos, j, :] = y[(H + KV + j) * d: (H + KV + j + 1) * d]
+            _rope_heads(y[:H * d].reshape((H, d)), cos, sin, qr)
             finish(sync, ph + 2)
         wait_done(sync, ph + 2, 1)
-        while True:
-            hh = claim(sync, ph + 3)
-            if hh >= H:
+        while True:  # the runs of positions' partials (:func:`.ops._part`), merged below
+            c = claim(sync, ph + 3)
+            if c >= nch:
                 break
-            _head(y[hh * d: (hh + 1) * d], cos, sin, kl, vl, hh // group, n, scale,
-                  o[hh * d: (hh + 1) * d])
+            _part(qr, kl, vl, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c])
             finish(sync, ph + 3)
-        wait_done(sync, ph + 3, H)
+        wait_done(sync, ph + 3, nch)
         if serial(sync, ph + 4):
+            _merge(parts, nch, o)
             _activations(o, gains[layer, 1, :dim], f32eps, x, q8, xg, mats[layer, OUT, BPR], lane,
                          sq)
             finish(sync, ph + 4)
@@ -345,9 +362,7 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
     quantizations shared out by token, the activation layouts serial)."""
     T, dim = h.shape
     H = heads
-    group = H // KV
     hidden = mats[0, GATE_UP, ROWS] // 2
-    scale = np.float32(1.0 / math.sqrt(d))
     f32eps = np.float32(eps)
     abuf, cout, f = block_scratch(T)
     x = np.empty(max(dim, hidden), np.float32)
@@ -364,16 +379,16 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
                     vc[pos[t], j, :] = y[t, (H + KV + j) * d: (H + KV + j + 1) * d]
             finish(sync, ph + 3)
         wait_done(sync, ph + 3, 1)
-        while True:
-            i = claim(sync, ph + 4)
-            if i >= T * H:
+        while True:  # a token's attention at a time
+            t = claim(sync, ph + 4)
+            if t >= T:
                 break
-            t, hh = i // H, i % H
             kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, d)
-            _head(y[t, hh * d: (hh + 1) * d], cos[t], sin[t], kc, vc, hh // group,
-                  pos[t] + 1, scale, o[t, hh * d: (hh + 1) * d])
+            qr = np.empty((H, d), np.float32)
+            _rope_heads(y[t, :H * d].reshape((H, d)), cos[t], sin[t], qr)
+            _attend(qr, kc, vc, pos[t] + 1, o[t])
             finish(sync, ph + 4)
-        wait_done(sync, ph + 4, T * H)
+        wait_done(sync, ph + 4, T)
         _norm_tokens(o, y, False, gains[layer, 1, :dim], f32eps, q8, s, x, sync, ph + 5)
         _amx_matvec(buf, mats, layer, OUT, q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
                     ph + 6, threads, abuf, cout, f)

@@ -136,63 +136,152 @@ def _rope(x, cos, sin, out):
         out[half + i] = b * cos[i] + a * sin[i]
 
 
+#: positions an attention partial covers (:func:`_part`): the softmax is taken per run of
+#: ``ATTN_CHUNK`` positions and merged (:func:`_merge`), the same way whichever thread computes
+#: which run, so every path gives the same bits
+ATTN_CHUNK = 64
+#: per query head of a partial: its maximum score, the sum of exp(score - max), then d values
+PART_M, PART_S, PART_V = 0, 1, 2
+
+
+def attn_chunks(n: int) -> int:
+    """Runs of :data:`ATTN_CHUNK` positions that cover ``n`` positions."""
+    return -(-n // ATTN_CHUNK)
+
+
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
-def _scores(qr, kc, j, n, scale, p):
-    """``p[t] = (qr . kc[t, j]) * scale`` for t < n; returns their maximum."""
-    top = -np.inf
-    for t in range(n):
-        dot = np.float32(0.0)
-        for i in range(qr.shape[0]):
-            dot += qr[i] * kc[t, j, i]
-        p[t] = dot * scale
-        top = max(top, p[t])
-    return top
+def _part_scores(qr, kc, c0, c1, scale, p):
+    """``p[h, t - c0] = (qr[h] . kc[t, h // G]) * scale`` for c0 <= t < c1, G query heads per
+    kv head: the cache is read in its order, a position's keys (every kv head) at a time."""
+    H, d = qr.shape
+    G = H // kc.shape[1]
+    for t in range(c0, c1):
+        for h in range(H):
+            j = h // G
+            dot = np.float32(0.0)
+            for i in range(d):
+                dot += qr[h, i] * kc[t, j, i]
+            p[h, t - c0] = dot * scale
 
 
-@njit(cache=True, fastmath=_FAST)
-def _mix(p, vc, j, n, out):
-    """``out = sum_t p[t] * vc[t, j]`` over t < n."""
-    out[:] = 0.0
-    for t in range(n):
-        w = p[t]
-        for i in range(out.shape[0]):
-            out[i] += w * vc[t, j, i]
+@njit(cache=True, fastmath=_FAST, error_model="numpy")
+def _part_mix(p, vc, c0, c1, part):
+    """``part[h, PART_V:] = sum_t p[h, t - c0] * vc[t, h // G]``, the values read in order."""
+    H = part.shape[0]
+    d = part.shape[1] - PART_V
+    G = H // vc.shape[1]
+    for h in range(H):
+        for i in range(d):
+            part[h, PART_V + i] = 0.0
+    for t in range(c0, c1):
+        for h in range(H):
+            j = h // G
+            w = p[h, t - c0]
+            for i in range(d):
+                part[h, PART_V + i] += w * vc[t, j, i]
 
 
 @njit(cache=True, error_model="numpy")
-def _head(qh, cos, sin, kc, vc, j, n, scale, out):
-    """Head ``qh`` [d] of a token at position n - 1 against kv head j of positions 0..n-1 of
-    ``kc``/``vc`` [len, KV, d]: RoPE, scaled scores, softmax, weighted sum into ``out`` [d]."""
-    d = qh.shape[0]
-    qr = np.empty(d, np.float32)
-    p = np.empty(n, np.float32)
-    _rope(qh, cos, sin, qr)
-    top = _scores(qr, kc, j, n, scale, p)
-    total = np.float32(0.0)
-    for t in range(n):
-        p[t] = np.exp(p[t] - top)
-        total += p[t]
-    for t in range(n):
-        p[t] = p[t] / total
-    _mix(p, vc, j, n, out)
+def _part(qr, kc, vc, c0, c1, scale, part):
+    """The partial attention of every query head (``qr`` [H, d], RoPE applied) over positions
+    ``c0 .. c1 - 1`` of ``kc``/``vc`` [len, KV, d]: per head its largest score, the sum of
+    exp(score - largest) and the exp-weighted sum of the value rows, into ``part`` [H, d + 2]."""
+    H = qr.shape[0]
+    p = np.empty((H, c1 - c0), np.float32)
+    _part_scores(qr, kc, c0, c1, scale, p)
+    for h in range(H):
+        top = -np.inf
+        for t in range(c1 - c0):
+            top = max(top, p[h, t])
+        total = np.float32(0.0)
+        for t in range(c1 - c0):
+            e = np.exp(p[h, t] - top)
+            p[h, t] = e
+            total += e
+        part[h, PART_M] = top
+        part[h, PART_S] = total
+    _part_mix(p, vc, c0, c1, part)
+
+
+@njit(cache=True, error_model="numpy")
+def _merge(parts, nch, out):
+    """``out`` [H * d] from the partials ``parts[:nch]`` [nch, H, d + 2] of consecutive runs
+    of positions: one softmax correction per run (as flash-decoding merges its splits)."""
+    H = parts.shape[1]
+    d = parts.shape[2] - PART_V
+    for h in range(H):
+        top = -np.inf
+        for c in range(nch):
+            top = max(top, parts[c, h, PART_M])
+        total = np.float32(0.0)
+        for c in range(nch):
+            total += np.exp(parts[c, h, PART_M] - top) * parts[c, h, PART_S]
+        o = out[h * d: (h + 1) * d]
+        for i in range(d):
+            o[i] = 0.0
+        for c in range(nch):
+            w = np.exp(parts[c, h, PART_M] - top) / total
+            for i in range(d):
+                o[i] += w * parts[c, h, PART_V + i]
+
+
+@njit(cache=True, error_model="numpy")
+def _rope_heads(q, cos, sin, qr):
+    """RoPE of every head of ``q`` [H, d] into ``qr``."""
+    for h in range(q.shape[0]):
+        _rope(q[h], cos, sin, qr[h])
+
+
+@njit(cache=True, error_model="numpy")
+def _store_kv(k, v, cos, sin, kc, vc, pos):
+    """k (RoPE applied) and v [KV, d] into the caches at ``pos``."""
+    for j in range(k.shape[0]):
+        _rope(k[j], cos, sin, kc[pos, j])
+        vc[pos, j, :] = v[j]
+
+
+@njit(cache=True, error_model="numpy")
+def _attend(qr, kc, vc, n, out):
+    """Every query head (``qr`` [H, d], RoPE applied) of a token at position n - 1 against
+    positions 0..n-1 of the caches, into ``out`` [H * d]: the runs' partials, then merged."""
+    H, d = qr.shape
+    scale = np.float32(1.0 / math.sqrt(d))
+    nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
+    parts = np.empty((nch, H, d + PART_V), np.float32)
+    for c in range(nch):
+        _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c])
+    _merge(parts, nch, out)
 
 
 @njit(cache=True)
 def attend_one(q, k, v, cos, sin, kc, vc, pos, out):
     """One token at position ``pos``: RoPE on q [H, d] and k [KV, d], k and v [KV, d] stored
-    at ``kc/vc[pos]``, then causal GQA attention over positions 0..pos into ``out`` [H * d].
+    at ``kc/vc[pos]``, then causal GQA attention over positions 0..pos into ``out`` [H * d]
+    (:func:`_attend`).
 
     RoPE pairs element i with i + d/2 (rotate-half); ``cos``/``sin`` are float32 [d/2].
     """
+    _store_kv(k, v, cos, sin, kc, vc, pos)
+    qr = np.empty(q.shape, np.float32)
+    _rope_heads(q, cos, sin, qr)
+    _attend(qr, kc, vc, pos + 1, out)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def attend_one_split(q, k, v, cos, sin, kc, vc, pos, out):
+    """:func:`attend_one` with the runs of positions shared among threads, then merged: the
+    same bits, for long contexts. ``out`` is [1, H * d]."""
+    _store_kv(k, v, cos, sin, kc, vc, pos)
     H, d = q.shape
-    KV = k.shape[0]
-    for j in range(KV):
-        _rope(k[j], cos, sin, kc[pos, j])
-        vc[pos, j, :] = v[j]
+    qr = np.empty((H, d), np.float32)
+    _rope_heads(q, cos, sin, qr)
     scale = np.float32(1.0 / math.sqrt(d))
-    group = H // KV
-    for h in range(H):
-        _head(q[h], cos, sin, kc, vc, h // group, pos + 1, scale, out[h * d: (h + 1) * d])
+    n = pos + 1
+    nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
+    parts = np.empty((nch, H, d + PART_V), np.float32)
+    for c in prange(nch):
+        _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c])
+    _merge(parts, nch, out[0])
 
 
 @intrinsic
@@ -209,7 +298,7 @@ def _f32_at(typingctx, addr):
 @njit(cache=True, parallel=True, nogil=True)
 def attend_rows(q, k, v, cos, sin, kaddr, vaddr, lens, pos, layer, out):
     """:func:`attend_one` for T tokens of a decode step, each on its own KV cache, in one call
-    (the heads of all tokens split among threads; each head as in :func:`attend_one`).
+    (the tokens split among threads; each as in :func:`attend_one`).
 
     Token t: q[t] [H, d], k[t]/v[t] [KV, d] at position ``pos[t]``, ``cos[t]``/``sin[t]``; its
     cache is a float32 array [layers, lens[t], KV, d] at address ``kaddr[t]`` (k) and
@@ -222,15 +311,11 @@ def attend_rows(q, k, v, cos, sin, kaddr, vaddr, lens, pos, layer, out):
         per = lens[t] * KV * d
         kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
         vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
-        for j in range(KV):
-            _rope(k[t, j], cos[t], sin[t], kc[pos[t], j])
-            vc[pos[t], j, :] = v[t, j]
-    scale = np.float32(1.0 / math.sqrt(d))
-    group = H // KV
-    for i in prange(T * H):
-        t, h = i // H, i % H
+        _store_kv(k[t], v[t], cos[t], sin[t], kc, vc, pos[t])
+    for t in prange(T):
         per = lens[t] * KV * d
         kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
         vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
-        _head(q[t, h], cos[t], sin[t], kc, vc, h // group, pos[t] + 1, scale,
-              out[t, h * d: (h + 1) * d])
+        qr = np.empty((H, d), np.float32)
+        _rope_heads(q[t], cos[t], sin[t], qr)
+        _attend(qr, kc, vc, pos[t] + 1, out[t])
