@@ -20,9 +20,8 @@ import click
 from . import __version__
 from .cli_helpers import CompileNotice, check_output, check_threads, quantized_line
 from .errors import BitformatError, Terminated
+from .formats import CONVERT_TARGETS
 
-CONVERT_TARGETS = ("i2_s", "tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "stfma", "colpack_u32",
-                   "rans", "hf")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # matplotlib's savefig picks the format by extension
 
 
@@ -313,6 +312,13 @@ def _parse_ids(text: str | None) -> list[int] | None:
                                  param_hint="--prompt-ids") from None
 
 
+KV_CACHE_OPTION = click.option(
+    "--kv-cache", type=click.Choice(["f32", "f16"]), default="f32", show_default=True,
+    help="Element type of the KV cache: f16 rounds keys and values to float16 as they are "
+         "stored (lossy: the text can differ from f32's; half the bytes a step reads at long "
+         "contexts and half the memory; numpy and cpu backends).")
+
+
 def _generation_options(fn):
     """The options ``run`` and ``chat`` share: backend, sampling, stop strings, context."""
     for decorator in reversed([
@@ -348,6 +354,7 @@ def _generation_options(fn):
                      show_default=True, help="LM head: screened reads an int8 copy of the head "
                      "and recomputes only the rows it cannot rule out (the same tokens as full, "
                      "proven in docs/exact-head.md); full computes every logit."),
+        KV_CACHE_OPTION,
     ]):
         fn = decorator(fn)
     return fn
@@ -377,7 +384,7 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
         chat: bool, system: str | None, backend: str, temperature: float, top_k: int,
         top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
         stop: tuple[str, ...], context: int | None, threads: int | None, show_special: bool,
-        i2s_layout: str, decode: str, head: str, as_json: bool) -> None:
+        i2s_layout: str, decode: str, head: str, kv_cache: str, as_json: bool) -> None:
     """Generate text from FILE (any container or HF folder), streaming as it goes.
 
     The first run on a machine compiles the cpu kernels (said on stderr, kept out of the
@@ -393,7 +400,7 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
         prompt = prompt_file.read()
     if system is not None and ids is not None:
         raise click.UsageError("--system needs a text prompt (--prompt or --file)")
-    with ready_model(file, backend, i2s_layout, threads, decode, head) as model:
+    with ready_model(file, backend, i2s_layout, threads, decode, head, kv_cache) as model:
         _check_context(model, context)
         tokens: list[int] = []
         pieces: list[str] = []
@@ -428,6 +435,7 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
             "head_fallbacks": hs["head_fallbacks"],
             "head_bytes_per_token": hs["head_bytes_per_step"],
             "bytes_read_per_token": hs["bytes_read_per_token"],
+            "kv_cache": kv_cache, "kv_cache_bytes_last_token": stats.kv_bytes_last_token,
         }))
         return
     click.echo()
@@ -453,7 +461,7 @@ def chat(file: Path, system: str | None, max_tokens: int | None, backend: str,
          temperature: float,
          top_k: int, top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
          stop: tuple[str, ...], context: int | None, threads: int | None, show_special: bool,
-         i2s_layout: str, decode: str, head: str, stats: bool) -> None:
+         i2s_layout: str, decode: str, head: str, kv_cache: str, stats: bool) -> None:
     """Chat with FILE: a conversation of many turns, answers streamed as they form.
 
     Prompts are rendered with the model's own chat template (as transformers renders it).
@@ -464,7 +472,7 @@ def chat(file: Path, system: str | None, max_tokens: int | None, backend: str,
     from .cli_helpers import ready_model
     from .runtime.chat import ChatSession
 
-    with ready_model(file, backend, i2s_layout, threads, decode, head) as model:
+    with ready_model(file, backend, i2s_layout, threads, decode, head, kv_cache) as model:
         _check_context(model, context)
         session = ChatSession(model, system=system, context=context, max_new_tokens=max_tokens,
                               stop=stop, skip_special=not show_special, temperature=temperature,
@@ -535,9 +543,11 @@ def warmup(backend: str) -> None:
 @click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
               show_default=True, help="i2_s block layout of FILE.")
 @click.option("--quiet", is_flag=True, help="No access log (one line per request on stderr).")
+@KV_CACHE_OPTION
 @_friendly_errors
 def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, max_batch: int,
-          context: int | None, threads: int | None, i2s_layout: str, quiet: bool) -> None:
+          context: int | None, threads: int | None, i2s_layout: str, quiet: bool,
+          kv_cache: str) -> None:
     """Serve FILE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health), batching concurrent requests. Ctrl-C stops it.
 
@@ -557,7 +567,7 @@ def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, m
 
     do_serve(file, host=host, port=port, backend=backend, api_key=api_key, max_batch=max_batch,
              context=context, threads=threads, i2s_variant=i2s_layout, ready=ready,
-             access_log=None if quiet else log)
+             access_log=None if quiet else log, kv_cache=kv_cache)
     click.echo("stopped", err=True)
 
 

@@ -154,7 +154,8 @@ class CompileNotice:
 
 @contextlib.contextmanager
 def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
-                decode: str = "load", head: str = "screened") -> Iterator[Any]:
+                decode: str = "load", head: str = "screened",
+                kv_cache: str = "f32") -> Iterator[Any]:
     """``load`` with a bar over the layers, the synthetic-model note, and the kernels compiled
     (or read from numba's cache) before anything is timed, saying so when they compile."""
     from .guide import is_synthetic, synthetic_note
@@ -169,7 +170,8 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
         try:
             with on_compile(notice, notice.done):  # validating rans streams compiles the
                 model = load(file, backend=backend, i2s_variant=i2s_layout, progress=bar,
-                             head=head, **({"threads": threads} if backend == "cpu" else {}),
+                             head=head, kv_cache=kv_cache,
+                             **({"threads": threads} if backend == "cpu" else {}),
                              **({"decode": decode} if backend != "numpy" else {}))
         finally:
             bar.close()

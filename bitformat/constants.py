@@ -37,7 +37,7 @@ class FileType(IntEnum):
 
     MOSTLY_TQ1_0 = 36
     MOSTLY_TQ2_0 = 37
-    MOSTLY_I2_S = 40  # fork value; upstream uses 40 for MOSTLY_Q1_0, see FORMATS.md 3.1
+    MOSTLY_I2_S = 40  # fork value; upstream uses 40 for MOSTLY_Q1_0, see docs/model.md §3
     MOSTLY_Q2_0 = 41  # upstream llama.h LLAMA_FTYPE_MOSTLY_Q2_0
     MOSTLY_IQ1_BN = 136  # ik_llama.cpp llama.h LLAMA_FTYPE_MOSTLY_IQ1_BN
     MOSTLY_IQ2_BN = 137  # ik_llama.cpp llama.h LLAMA_FTYPE_MOSTLY_IQ2_BN

@@ -137,6 +137,8 @@ def test_queue_cancel_and_close(cpu_models):
         assert not long[0].done.is_set()  # a cancelled request hears nothing more
         with pytest.raises(RequestError, match="context"):
             eng.submit(Request(list(range(256)), 5), Collector())
+        with pytest.raises(RequestError, match="more than the model's context length of 256"):
+            Engine(eng.net, None, context=257)
         with pytest.raises(RequestError, match="vocabulary"):
             eng.submit(Request([10**6], 5), Collector())
     finally:

@@ -146,7 +146,7 @@ def test_tq1_0_byte_tables_match_gguf():
                     fmt.decode(blk, 1, 256, name=NAME)
 
 
-# -- i2_s against a per-element reference (FORMATS.md 3.2, 3.3) --------------------------------
+# -- i2_s against a per-element reference (docs/formats/i2_s.md) --------------------------------
 def ref_i2s_encode(trits: np.ndarray, scale: float, block: int = 128) -> bytes:
     flat = [int(v) for v in trits.reshape(-1)]
     out = bytearray(len(flat) // 4)

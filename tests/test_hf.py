@@ -526,7 +526,7 @@ def rope(x, theta):
 
 
 def reference_logits(m, ids, seen=None):
-    """FORMATS.md 4.3 in float64: the model as transformers computes it.
+    """docs/model.md §1-2 in float64: the model as transformers computes it.
 
     ``seen``: HF module name -> the input transformers gave that projection (see bitlinear).
     """

@@ -166,10 +166,15 @@ def test_cpu_logits_match_numpy(tiny, cpu_models, fid, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["numpy", "cpu"])
-def test_cached_decoding_matches_recompute(tiny, backend, monkeypatch):
+@pytest.mark.parametrize("length", [48, 256])
+def test_cached_decoding_matches_recompute(tiny, backend, length, monkeypatch):
+    """One token at a time through the KV cache gives the whole prompt's logits, up to the
+    model's last position (256: the cpu backend's attention then runs in several runs of
+    positions, split among threads and merged)."""
     shared = SharedQuant(monkeypatch, noise=0.05)
-    tokens = PROMPT * 4
+    tokens = (PROMPT * 22)[:length]
     with load(tiny["i2_s"], backend=backend) as m:
+        assert length <= m.net.args.context_length
         full = m.logits(tokens)  # one batch, every position's logits
         shared.replay(per_forward=len(shared.recorded))
         cache = m.net.new_cache(len(tokens))

@@ -99,7 +99,7 @@ def test_metadata(tiny_gguf):
 
 
 def test_gguf_package_cannot_read_i2_s(tiny_gguf):
-    """gguf-py has no type 36 (FORMATS.md 3.6), which is why bitformat reads GGUF itself."""
+    """gguf-py has no type 36 (docs/model.md §3), which is why bitformat reads GGUF itself."""
     gguf = pytest.importorskip("gguf")
     with pytest.raises(ValueError, match="36"):
         gguf.GGUFReader(tiny_gguf)

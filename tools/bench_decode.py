@@ -18,7 +18,7 @@ from ``os.wait4``; it counts the memory-mapped file pages it touched):
 
 The llama.cpp copy of the TQ2_0 container has ``general.architecture = "bitnet"`` with the
 ``bitnet.*`` keys and no ``bitformat.*`` keys; the tensor bytes are copied unchanged. Upstream's
-``bitnet`` graph uses a SiLU-gated FFN instead of ReLU² (FORMATS.md 5), so its text differs,
+``bitnet`` graph uses a SiLU-gated FFN instead of ReLU² (docs/model.md §3), so its text differs,
 but it reads the same bytes and does the same matrix work per token. The reference
 containers (i2_s, tq2_0) and llama.cpp run interleaved: one repetition of each in turn, so
 drifting load on the shared machine hits all of them alike.

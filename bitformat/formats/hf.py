@@ -1,7 +1,7 @@
 """``hf``: Hugging Face BitNet checkpoints (``BitNetForCausalLM`` folders), read and written.
 
 Byte spec of what :func:`write_hf` writes (the packed "offline" form of
-microsoft/bitnet-b1.58-2B-4T, FORMATS.md 4.1; ``docs/formats/hf.md`` says why)::
+microsoft/bitnet-b1.58-2B-4T; ``docs/formats/hf.md`` says why)::
 
     config.json             BitNetForCausalLM, tie_word_embeddings true, quantization_config
                             {quant_method bitnet, linear_class autobitlinear, quantization_mode

@@ -1,7 +1,8 @@
 """Run BitNet b1.58 models from any bitformat container: ``load(path, backend)``.
 
-Backends: ``numpy`` (reference, float32 or float64) and ``cpu`` (numba kernels over the
-container bytes). Importing this package does not import numba; ``load(..., "cpu")`` does.
+Backends: ``numpy`` (reference, float32 or float64), ``cpu`` (numba kernels over the
+container bytes) and ``wgpu`` (WGSL kernels on a GPU through wgpu; docs/gpu.md). Importing
+this package imports neither numba nor wgpu; ``load(..., "cpu")`` or ``"wgpu"`` does.
 """
 
 from __future__ import annotations

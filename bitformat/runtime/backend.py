@@ -24,7 +24,7 @@ import numpy as np
 
 from ..constants import I2_S_TAIL_BYTES, GGMLType
 from ..errors import InvalidScaleError, MetadataError, UnsupportedConversionError
-from ..formats import get_format
+from ..formats import ROW_FORMAT_IDS, get_format
 from ..formats.base import TernaryFormat
 from ..formats.q2_0 import BLOCK_BYTES as Q2_0_BLOCK_BYTES
 from ..formats.q2_0 import QK as Q2_0_QK
@@ -36,12 +36,12 @@ from ..ternary import TernaryTensor
 HEAD_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.F64, GGMLType.Q2_0)
 
 #: Ternary encodings whose bytes a backend can read row by row.
-ROW_FORMATS = ("i2_s", "tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "stfma", "colpack_u32")
+ROW_FORMATS = ROW_FORMAT_IDS
 
 
 @dataclass
 class QuantizedActivations:
-    """Per-token int8 activations: ``x ~ q / s`` (bitnet.cpp and HF BitLinear, FORMATS.md 3.5).
+    """Per-token int8 activations: ``x ~ q / s`` (bitnet.cpp and HF BitLinear, docs/model.md §2).
 
     ``cache`` holds layouts a backend derives from ``q`` (rearranged copies, block sums), so
     the projections that share one input (q/k/v, gate/up) derive them once.

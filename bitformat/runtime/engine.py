@@ -149,7 +149,10 @@ class Engine:
         self.max_batch, self.max_queue = max_batch, max_queue
         self.gather = gather if max_batch > 1 else 0.0
         model_ctx = net.args.context_length
-        self.context = min(context, model_ctx) if context else model_ctx
+        if context is not None and context > model_ctx:
+            raise RequestError(f"--context {context} is more than the model's context length "
+                               f"of {model_ctx} (the positions it was trained on)")
+        self.context = context or model_ctx
         self.vocab = net.args.vocab_size
         self._cv = threading.Condition()
         self._waiting: collections.deque[Handle] = collections.deque()

@@ -29,6 +29,7 @@ from .generate import (
     stream_generate,
 )
 from .models import ModelArgs, Segment, model_class
+from .models.base import KV_TYPES
 from .sampling import Sampler
 
 BACKENDS = ("numpy", "cpu", "wgpu")
@@ -175,12 +176,14 @@ class LoadedModel:
 def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32",
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
          decode: str = "load", progress: Callable[[int, int], None] | None = None,
-         head: str = "screened") -> LoadedModel:
+         head: str = "screened", kv_cache: str = "f32") -> LoadedModel:
     """Open a ternary model (any container, or an HF folder) of any family on ``backend``.
 
-    ``backend``: "cpu" (numba kernels, float32) or "numpy" (the reference; ``dtype``
-    "float32" or "float64"). ``threads`` fixes the cpu backend's thread count; by default it
-    switches between one thread and all cores, whichever streams faster (see
+    ``backend``: "cpu" (numba kernels, float32), "numpy" (the reference; ``dtype``
+    "float32" or "float64") or "wgpu" (the whole model on a GPU through wgpu: Vulkan, Metal,
+    D3D12, or Mesa's lavapipe on a CPU; docs/gpu.md). ``threads`` fixes the cpu backend's
+    thread count; by default it switches between one thread and all cores, whichever streams
+    faster (see
     :class:`~.cpu.backend.ThreadPicker`). ``validate`` (cpu) reads every ternary
     matrix once with its format's checks; the numpy backend checks on every use anyway.
     ``decode`` (rans containers, cpu and wgpu): "load" decodes the rANS streams once at load
@@ -190,6 +193,8 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     an int8 screen of the head and the rows it cannot rule out, docs/exact-head.md) or "full"
     (every logit, every step); on the wgpu backend the screen and the candidate rows run on
     the device (the int8 copy is made and uploaded on the first screened step or warmup).
+    ``kv_cache``: the KV cache's element type, "f32" (the default) or "f16" (keys and values
+    rounded to float16 as they are stored: half the bytes at long contexts; numpy and cpu).
     ``LoadedModel.load_seconds`` says how long loading took.
     ``progress(layer, n_layers)`` is called as each layer's weights are ready (loading the
     2B-4T model takes seconds). Kernels compile on first use: :meth:`LoadedModel.warmup`.
@@ -198,6 +203,12 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         raise RequestError(f"head must be {' or '.join(HEAD_MODES)}, got {head!r:.20}")
     if decode not in ("load", "fused"):
         raise RequestError(f"decode must be load or fused, got {decode!r:.20}")
+    if kv_cache not in KV_TYPES:
+        raise RequestError(f"the KV cache type must be {' or '.join(KV_TYPES)}, got "
+                           f"{kv_cache!r:.20}")
+    if kv_cache != "f32" and backend == "wgpu":
+        raise RequestError(f"a {kv_cache} KV cache runs on the numpy and cpu backends; the wgpu "
+                           "backend keeps its cache on the device in float32 (--kv-cache f32)")
     t0 = time.perf_counter()
     if backend not in BACKENDS:
         raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
@@ -235,6 +246,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
                     raise
                 raise type(exc)(exc.problem, path=str(path), tensor=exc.tensor) from None
         loaded = LoadedModel(container, be, args, tokenizer, progress=progress, head=head)
+        loaded.net.kv_type = kv_cache
         loaded.load_seconds = time.perf_counter() - t0
         return loaded
     except BaseException:

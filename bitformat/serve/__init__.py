@@ -32,11 +32,12 @@ def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
           backend: str = "cpu", api_key: str | None = None, max_batch: int = 8,
           context: int | None = None, max_queue: int = 64, threads: int | None = None,
           i2s_variant: str = "x86", ready: Callable[[dict], None] | None = None,
-          access_log: Callable[[str], None] | None = None) -> None:
+          access_log: Callable[[str], None] | None = None, kv_cache: str = "f32") -> None:
     """Serve ``path`` until a signal stops it. ``ready(info)`` is called once the port
     listens, with ``url``, ``model``, ``backend``, ``max_batch`` and ``context``;
     ``access_log(line)`` once per request that has ended (client, method and path, status,
-    tokens in and out, milliseconds).
+    tokens in and out, milliseconds). ``kv_cache``: each request's KV cache type ("f32" or
+    "f16", as :func:`~bitformat.runtime.load`).
 
     The wgpu network holds one sequence at a time, so on ``wgpu`` requests run one after
     another (``max_batch`` 1; ``info["note"]`` says so).
@@ -56,7 +57,7 @@ def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
         max_batch, note = 1, "the wgpu backend runs one sequence at a time: requests are " \
                              "served one after another (max batch 1)"
     kwargs: dict[str, Any] = {"threads": threads} if backend == "cpu" else {}
-    model = load(path, backend=backend, i2s_variant=i2s_variant, **kwargs)
+    model = load(path, backend=backend, i2s_variant=i2s_variant, kv_cache=kv_cache, **kwargs)
     try:
         engine = Engine(model.net, model.tokenizer, max_batch=max_batch, context=context,
                         max_queue=max_queue).start()

@@ -386,6 +386,8 @@ class CpuBackend(Backend):
             with self._blas.limit(limits=1, user_api="blas"):
                 return super().attend(q, k, v, kc, vc, start, cos, sin)
         out = np.empty((1, q.shape[1] * q.shape[2]), np.float32)
+        if kc.dtype == np.float16:  # the kernels read and write its bits
+            kc, vc = kc.view(np.uint16), vc.view(np.uint16)
         nch = ops.attn_chunks(start + 1)
         if nch > 1:  # a long context: its runs of positions split among threads (same bits)
             self._call(ops.attend_one_split, nch * ops.ATTN_CHUNK * kc[0].nbytes * 2, q[0],
@@ -426,7 +428,12 @@ class CpuBackend(Backend):
     def attend_tokens(self, q, k, v, layer: int, rows, out) -> None:
         """Row t of a decode step (one token per request, ``rows`` a
         :class:`.models.base.Rows`) as :meth:`attend` on its own cache, every row of layer
-        ``layer`` in one call (:func:`.ops.attend_rows`)."""
+        ``layer`` in one call (:func:`.ops.attend_rows`; float16 caches one by one)."""
+        if any(c.k.dtype == np.float16 for _, c, _ in rows.spans):
+            for t, (_, c, start) in enumerate(rows.spans):
+                out[t] = self.attend(q[t:t + 1], k[t:t + 1], v[t:t + 1], c.k[layer],
+                                     c.v[layer], start, rows.cos[t:t + 1], rows.sin[t:t + 1])[0]
+            return
         ops.attend_rows(q, k, v, rows.cos, rows.sin, *self._kv_table(rows), layer, out)
 
     @staticmethod

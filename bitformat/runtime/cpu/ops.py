@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite import ir
 from numba import carray, njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 
 @njit(cache=True, error_model="numpy")
@@ -136,6 +137,53 @@ def _rope(x, cos, sin, out):
         out[half + i] = b * cos[i] + a * sin[i]
 
 
+# -- float16 KV caches: held as their uint16 bits (numba has no float16 type) -----------------
+@intrinsic
+def _h2f(typingctx, bits):
+    """The float32 value of the IEEE half ``bits`` (uint16): exact (LLVM's fpext; one
+    vcvtph2ps per 8 or 16 lanes where the CPU has F16C)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _f2h(typingctx, x):
+    """The IEEE half bits (uint16) of float32 ``x``, rounded to nearest, ties to even, as
+    numpy's ``astype(np.float16)``."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+def _cached(x):
+    """A cache element as float32 (uint16: half bits)."""
+
+
+@overload(_cached, inline="always")
+def _ol_cached(x):
+    if isinstance(x, types.Integer):
+        return lambda x: _h2f(x)
+    return lambda x: x
+
+
+def _to_cache(cache, x):
+    """float32 ``x`` as an element of ``cache`` (uint16: half bits)."""
+
+
+@overload(_to_cache, inline="always")
+def _ol_to_cache(cache, x):
+    if isinstance(cache.dtype, types.Integer):
+        return lambda cache, x: _f2h(np.float32(x))
+    return lambda cache, x: x
+
+
 #: positions an attention partial covers (:func:`_part`): the softmax is taken per run of
 #: ``ATTN_CHUNK`` positions and merged (:func:`_merge`), the same way whichever thread computes
 #: which run, so every path gives the same bits
@@ -160,7 +208,7 @@ def _part_scores(qr, kc, c0, c1, scale, p):
             j = h // G
             dot = np.float32(0.0)
             for i in range(d):
-                dot += qr[h, i] * kc[t, j, i]
+                dot += qr[h, i] * _cached(kc[t, j, i])
             p[h, t - c0] = dot * scale
 
 
@@ -178,7 +226,7 @@ def _part_mix(p, vc, c0, c1, part):
             j = h // G
             w = p[h, t - c0]
             for i in range(d):
-                part[h, PART_V + i] += w * vc[t, j, i]
+                part[h, PART_V + i] += w * _cached(vc[t, j, i])
 
 
 @njit(cache=True, error_model="numpy")
@@ -234,18 +282,64 @@ def _rope_heads(q, cos, sin, qr):
 
 @njit(cache=True, error_model="numpy")
 def _store_kv(k, v, cos, sin, kc, vc, pos):
-    """k (RoPE applied) and v [KV, d] into the caches at ``pos``."""
+    """k (RoPE applied) and v [KV, d] into the caches at ``pos`` (float32, or float16 as
+    uint16 bits: rounded to nearest even)."""
+    kr = np.empty(k.shape[1], np.float32)
     for j in range(k.shape[0]):
-        _rope(k[j], cos, sin, kc[pos, j])
-        vc[pos, j, :] = v[j]
+        _rope(k[j], cos, sin, kr)
+        for i in range(kr.shape[0]):
+            kc[pos, j, i] = _to_cache(kc, kr[i])
+            vc[pos, j, i] = _to_cache(vc, v[j, i])
+
+
+@njit(cache=True, error_model="numpy")
+def _attend_run(qr, kc, vc, n, scale, out):
+    """Every head over positions 0..n-1 as one run (n <= ATTN_CHUNK): the softmax normalized
+    before the values are mixed, as numpy's reference does (the merged form's rounding, one
+    division after the sums, moved a tiny Qwen3 model's int8 activations across rounding
+    ties: tests/test_bonsai.py)."""
+    H, d = qr.shape
+    p = np.empty((H, n), np.float32)
+    _part_scores(qr, kc, 0, n, scale, p)
+    for h in range(H):
+        top = -np.inf
+        for t in range(n):
+            top = max(top, p[h, t])
+        total = np.float32(0.0)
+        for t in range(n):
+            p[h, t] = np.exp(p[h, t] - top)
+            total += p[h, t]
+        for t in range(n):
+            p[h, t] = p[h, t] / total
+    _mix_into(p, vc, n, out)
+
+
+@njit(cache=True, fastmath=_FAST, error_model="numpy")
+def _mix_into(p, vc, n, out):
+    """``out[h * d: (h + 1) * d] = sum_t p[h, t] * vc[t, h // G]`` (flat ``out`` [H * d])."""
+    H = p.shape[0]
+    d = vc.shape[2]
+    G = H // vc.shape[1]
+    for i in range(H * d):
+        out[i] = 0.0
+    for t in range(n):
+        for h in range(H):
+            j = h // G
+            w = p[h, t]
+            for i in range(d):
+                out[h * d + i] += w * _cached(vc[t, j, i])
 
 
 @njit(cache=True, error_model="numpy")
 def _attend(qr, kc, vc, n, out):
     """Every query head (``qr`` [H, d], RoPE applied) of a token at position n - 1 against
-    positions 0..n-1 of the caches, into ``out`` [H * d]: the runs' partials, then merged."""
+    positions 0..n-1 of the caches, into ``out`` [H * d]: one run, or the runs' partials
+    merged."""
     H, d = qr.shape
     scale = np.float32(1.0 / math.sqrt(d))
+    if n <= ATTN_CHUNK:
+        _attend_run(qr, kc, vc, n, scale, out)
+        return
     nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
     parts = np.empty((nch, H, d + PART_V), np.float32)
     for c in range(nch):
@@ -277,6 +371,9 @@ def attend_one_split(q, k, v, cos, sin, kc, vc, pos, out):
     _rope_heads(q, cos, sin, qr)
     scale = np.float32(1.0 / math.sqrt(d))
     n = pos + 1
+    if n <= ATTN_CHUNK:
+        _attend_run(qr, kc, vc, n, scale, out[0])
+        return
     nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
     parts = np.empty((nch, H, d + PART_V), np.float32)
     for c in prange(nch):

@@ -108,13 +108,26 @@ class ModelArgs:
         return self
 
 
+#: what ``--kv-cache`` takes: the KV cache's element type. "f32" keeps keys and values as the
+#: model computes them (float32; float64 on the numpy backend in float64); "f16" rounds them
+#: to float16 as they are stored (to nearest, ties to even): half the bytes a decode step
+#: reads at long contexts, and every backend that has it rounds the same way
+KV_TYPES = ("f32", "f16")
+
+
 class KVCache:
     """Keys and values of every layer for the positions seen so far (preallocated)."""
 
-    def __init__(self, args: ModelArgs, max_len: int, dtype: type = np.float32):
+    def __init__(self, args: ModelArgs, max_len: int, dtype: type = np.float32,
+                 kv_type: str = "f32"):
+        if kv_type not in KV_TYPES:
+            raise RequestError(f"the KV cache type must be {' or '.join(KV_TYPES)}, got "
+                               f"{kv_type!r:.20}")
         shape = (args.n_layers, max_len, args.n_kv_heads, args.head_dim)
-        self.k = np.zeros(shape, dtype)  # [layers, max_len, kv_heads, head_dim]
-        self.v = np.zeros(shape, dtype)
+        store = np.float16 if kv_type == "f16" else dtype
+        self.kv_type = kv_type
+        self.k = np.zeros(shape, store)  # [layers, max_len, kv_heads, head_dim]
+        self.v = np.zeros(shape, store)
         self.length = 0
         self.max_len = max_len
 
@@ -302,8 +315,11 @@ class Transformer:
             self._plan = make(self) if make is not None else None
         return self._plan
 
+    #: the element type of the caches :meth:`new_cache` makes (:data:`KV_TYPES`)
+    kv_type: str = "f32"
+
     def new_cache(self, max_len: int) -> KVCache:
-        return KVCache(self.args, max_len, self.be.dtype)
+        return KVCache(self.args, max_len, self.be.dtype, self.kv_type)
 
     def _linear(self, blk: Block, name: str, qa) -> np.ndarray:
         y = self.be.bitlinear(qa, blk.proj[name])  # [T, out]
@@ -366,7 +382,8 @@ class Transformer:
         a = self.args
         rows = Rows.of(segments, a, self.be.dtype, self.inv_freq)
         eps, hd, n = a.norm_eps, a.head_dim, rows.n
-        if n == len(rows.spans) and activation_hook is None and self._decode_plan() is not None:
+        if (n == len(rows.spans) and activation_hook is None and self.kv_type == "f32"
+                and self._decode_plan() is not None):
             # a token per request: every layer in one backend call, the same arithmetic
             h = np.array(self.be.embed(rows.ids), self.be.dtype, order="C")
             if n == 1:

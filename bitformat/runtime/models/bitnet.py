@@ -1,7 +1,7 @@
 """BitNet b1.58: 2B-4T (ReLU^2 FFN) as transformers' BitNetForCausalLM runs it, and 1bitLLM's
 bitnet_b1_58 models (SiLU FFN, untied head), llama.cpp's ``bitnet`` graph.
 
-One decoder layer, pre-norm residual (FORMATS.md 4.3)::
+One decoder layer, pre-norm residual (docs/model.md §1)::
 
     a = RMSNorm(h)                              q, k, v = BitLinear(a)      (GQA: kv heads < heads)
     q, k = RoPE(q), RoPE(k)                     rotate-half pairing (i, i + d/2), theta from file
