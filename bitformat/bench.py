@@ -118,6 +118,7 @@ class BenchResult:
     tokens: int
     kv_bytes_per_position: int
     containers: list[ContainerBench] = field(default_factory=list)
+    kv_cache: str = "f32"  # the KV cache's element type
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,9 +137,10 @@ def parse_formats(text: str | list[str] | tuple[str, ...]) -> list[str]:
     return [f for f in FORMAT_IDS if f in items]
 
 
-def kv_bytes_per_position(args: Any) -> int:
-    """K and V of every layer for one cached position (f32 on both backends)."""
-    return 2 * args.n_layers * args.n_kv_heads * args.head_dim * F32
+def kv_bytes_per_position(args: Any, kv_cache: str = "f32") -> int:
+    """K and V of every layer for one cached position (``kv_cache`` "f32" or "f16")."""
+    return 2 * args.n_layers * args.n_kv_heads * args.head_dim * (F32 if kv_cache == "f32"
+                                                                  else 2)
 
 
 def class_bytes(model: Model, kv_bytes: int, decode: str = "") -> dict[str, int]:
@@ -216,7 +218,8 @@ def _timed_cpu(backend: Any, timers: _Timers) -> Iterator[None]:
 
 
 def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
-             i2s_variant: str, decode: str = "load", compiles: _Compiles | None = None
+             i2s_variant: str, decode: str = "load", compiles: _Compiles | None = None,
+             kv_cache: str = "f32"
              ) -> tuple[dict[str, float], float, list[int], float, str, dict[str, Any]]:
     """(seconds per class, wall seconds, tokens, load seconds, device, screened) of ``tokens``
     timed decode steps with the full head; class seconds are totals over the steps.
@@ -227,7 +230,7 @@ def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
 
     before = compiles.seconds if compiles else 0.0
     with load(path, backend="cpu", threads=threads, i2s_variant=i2s_variant,
-              decode=decode, head="screened") as m:
+              decode=decode, head="screened", kv_cache=kv_cache) as m:
         load_s = m.load_seconds - ((compiles.seconds - before) if compiles else 0.0)
         net, be = m.net, m.backend
         cache = net.new_cache(len(prompt) + 1 + tokens)
@@ -343,17 +346,23 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
               keep_dir: str | os.PathLike | None = None, threads: int | None = None,
               repeats: int = 3, i2s_variant: str = "x86",
               convert_progress: Callable[[str, int], Any] | None = None,
-              stage: Callable[[str, str], None] | None = None) -> BenchResult:
+              stage: Callable[[str, str], None] | None = None,
+              kv_cache: str = "f32") -> BenchResult:
     """Convert ``path`` into each container of ``formats`` and benchmark decoding on ``backend``.
 
     ``convert_progress(fid, total_bytes)`` may return a per-tensor callback with ``close()``
     (a progress bar); ``stage(fid, what)`` hears "converting", "loading and decoding" and "done".
     ``repeats`` is the wgpu profile's. A source already in a container is used as it is.
+    ``kv_cache``: the KV cache's element type on the cpu backend ("f32" or "f16").
     """
     if backend not in BACKENDS:
         raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
     if tokens < 1:
         raise RequestError("bench needs at least one decode step (--tokens)")
+    if kv_cache not in ("f32", "f16"):
+        raise RequestError(f"the KV cache type must be f32 or f16, got {kv_cache!r:.20}")
+    if kv_cache != "f32" and backend != "cpu":
+        raise RequestError(f"bench times a {kv_cache} KV cache on the cpu backend only")
     fids = parse_formats(formats)
     src = Path(path)
     with open_model(src, i2s_variant=i2s_variant) as m:
@@ -361,7 +370,7 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
         src_container = m.container if src.is_file() else None
         total = sum(e.nbytes for e in m.entries)
     prompt = [t % args.vocab_size for t in PROMPT_IDS]
-    kv_pos = kv_bytes_per_position(args)
+    kv_pos = kv_bytes_per_position(args, kv_cache)
     kv = kv_pos * (2 * len(prompt) + tokens + 3) // 2  # mean over the timed steps
     dev = None
     if backend == "wgpu":
@@ -369,7 +378,7 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
 
         dev = GpuDevice()
     result = BenchResult(str(src), backend, dev.name if dev else "", "host", len(prompt), 1,
-                         tokens, kv_pos)
+                         tokens, kv_pos, kv_cache=kv_cache)
     with contextlib.ExitStack() as stack:
         if keep_dir is None:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
@@ -418,7 +427,8 @@ def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int]
         nbytes = class_bytes(model, kv, decode)
         if backend == "cpu":
             secs, wall, out, load_s, result.device, screened = _run_cpu(
-                target, prompt, tokens, threads, i2s_variant, decode or "load", compiles)
+                target, prompt, tokens, threads, i2s_variant, decode or "load", compiles,
+                result.kv_cache)
             per_class = {k: v / tokens for k, v in secs.items()}
         else:
             per_class, wall, out, load_s, detail, screened = _run_wgpu(
@@ -448,7 +458,8 @@ def render(r: BenchResult) -> str:
              else "host timers around the backend's calls, the same steps run layer by layer")
     lines = [f"{Path(r.source).name} on {r.backend} ({r.device})",
              f"{r.prompt_tokens}-token prompt, {r.warmup_tokens} warm-up step, {r.tokens} timed "
-             f"decode steps; class times: {where}; totals: host wall time per step", "",
+             f"decode steps; class times: {where}; totals: host wall time per step; "
+             f"KV cache {r.kv_cache}", "",
              f"{'container':<14}{'kernel class':<22}{'MB/token':>12}{'ms/token':>11}"
              f"{'GB/s':>9}{'tok/s':>10}{'load s':>9}"]
     for c in r.containers:

@@ -58,13 +58,13 @@ def _friendly_errors(fn):
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            interrupts.handled()
+            interrupts.exiting(130)
             # convert, synth and report (its plot) write their output only once complete
             done = ": nothing was written" if fn.__name__ in ("convert", "synth", "report") else ""
             click.echo(f"interrupted{done}", err=True)
             sys.exit(130)
         except Terminated:
-            interrupts.handled()
+            interrupts.exiting(143)
             click.echo("terminated: no unfinished output was left", err=True)
             sys.exit(143)
         except Exception as exc:  # a bug: one line, the traceback only when asked for
@@ -592,10 +592,11 @@ def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, m
               help="wgpu: profiled runs per container (the median is kept).")
 @click.option("--i2s-layout", type=click.Choice(["x86", "arm64"]), default="x86",
               show_default=True, help="i2_s block layout of FILE.")
+@KV_CACHE_OPTION
 @_friendly_errors
 def bench(file: Path, backend: str, formats: str, tokens: int, as_json: bool,
           plot: Path | None, keep_dir: Path | None, threads: int | None, repeats: int,
-          i2s_layout: str) -> None:
+          i2s_layout: str, kv_cache: str) -> None:
     """Convert FILE into each container and time decoding on a backend: per kernel class and
     per token the bytes read, the time and the GB/s, and decode tokens/s."""
     from tqdm import tqdm
@@ -617,7 +618,7 @@ def bench(file: Path, backend: str, formats: str, tokens: int, as_json: bool,
 
         result = run_bench(file, backend, fids, tokens, keep_dir=keep_dir, threads=threads,
                            repeats=repeats, i2s_variant=i2s_layout, convert_progress=convert_bar,
-                           stage=stage)
+                           stage=stage, kv_cache=kv_cache)
     if plot is not None:
         from .bench_plot import plot_bench
 

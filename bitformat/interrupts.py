@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from .errors import Terminated
 
@@ -59,6 +60,30 @@ def handled() -> None:
         ev = _pending.pop("armed", None)
     if ev is not None:
         ev.set()
+
+
+#: seconds an exit after a handled signal may take (interpreter shutdown: atexit handlers,
+#: joins of worker threads) before the process ends anyway
+EXIT_GRACE = 5.0
+
+
+def exiting(code: int) -> None:
+    """The interrupt was handled and the command now exits with ``code``: disarm the
+    watchdog, and end the process with ``code`` should the interpreter's shutdown not finish
+    in :data:`EXIT_GRACE` seconds (a worker thread it waits for: one killed conversion in a
+    full test run under load took over a minute). Without a signal (an exception raised
+    in-process) only the first."""
+    with _lock:
+        ev = _pending.pop("armed", None)
+    if ev is None:
+        return
+    ev.set()
+
+    def finish() -> None:
+        time.sleep(EXIT_GRACE)
+        os._exit(code)
+
+    threading.Thread(target=finish, daemon=True, name="bitformat-exit-watchdog").start()
 
 
 def _on_signal(signum: int, frame) -> None:
@@ -108,4 +133,4 @@ def restore(previous: dict[int, object] | None) -> None:
             pass
 
 
-__all__ = ["GRACE", "handled", "install", "restore"]
+__all__ = ["EXIT_GRACE", "GRACE", "exiting", "handled", "install", "restore"]

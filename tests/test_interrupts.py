@@ -129,3 +129,38 @@ def test_a_cold_start_compiles_in_two_processes(tiny_gguf, tmp_path):
                         json.loads(log.read_text())["count"])
     assert logs["1"][0] == logs["0"][0]
     assert logs["1"][1] < logs["0"][1] / 2, logs  # most of the kernels came from the helper
+
+
+SHUTDOWN_HANGS = """
+import threading, time, click
+from bitformat.cli import _friendly_errors
+
+@click.command()
+@_friendly_errors
+def hang():
+    # a worker thread the interpreter's shutdown would wait for, forever
+    threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
+    print("ready", flush=True)
+    time.sleep(3600)
+
+hang()
+"""
+
+
+def test_a_handled_signal_exits_even_if_shutdown_hangs():
+    """After SIGTERM is handled the command exits 143 even where the interpreter's shutdown
+    would wait for a thread that never ends (interrupts.exiting)."""
+    from bitformat.interrupts import EXIT_GRACE
+
+    proc = subprocess.Popen([sys.executable, "-c", SHUTDOWN_HANGS], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=EXIT_GRACE + 20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the process hung after a handled SIGTERM") from None
+    assert proc.returncode == 143 and "terminated" in err, (proc.returncode, err)
+    assert time.monotonic() - t0 < EXIT_GRACE + 10

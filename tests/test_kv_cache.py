@@ -121,3 +121,17 @@ def test_run_reports_the_cache_type_and_its_bytes(tiny_gguf):
     assert out["f16"]["kv_cache_bytes_last_token"] * 2 == out["f32"]["kv_cache_bytes_last_token"]
     assert (out["f32"]["bytes_read_per_token"] - out["f16"]["bytes_read_per_token"]
             == out["f16"]["kv_cache_bytes_last_token"])
+
+
+def test_bench_times_an_f16_cache(tiny_gguf):
+    r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--formats", "i2_s", "--tokens", "4",
+                                  "--kv-cache", "f16", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.index("{"):])
+    assert res["kv_cache"] == "f16"
+    with load(tiny_gguf, backend="numpy") as m:
+        a = m.args
+    assert res["kv_bytes_per_position"] == 2 * a.n_layers * a.n_kv_heads * a.head_dim * 2
+    r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--formats", "i2_s", "--backend",
+                                  "wgpu", "--kv-cache", "f16"])
+    assert r.exit_code == 1 and "cpu backend only" in r.output

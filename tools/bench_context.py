@@ -36,14 +36,14 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 # -- the worker ----------------------------------------------------------------------------------
-def worker(model: str, steps: int, max_context: int) -> None:
+def worker(model: str, steps: int, max_context: int, kv: str) -> None:
     import numpy as np
 
     from bitformat.runtime import load
     from bitformat.runtime.models.base import Segment
     from bitformat.runtime.sampling import Sampler
 
-    with load(model, backend="cpu") as m:
+    with load(model, backend="cpu", **({"kv_cache": kv} if kv != "f32" else {})) as m:
         net = m.net
         cache = net.new_cache(max_context + steps + 8)
         rng = np.random.default_rng(0)
@@ -84,12 +84,14 @@ def busy_ticks() -> int:
 
 
 class Worker:
-    def __init__(self, name: str, tree: Path, model: str, steps: int, max_context: int):
+    def __init__(self, name: str, tree: Path, model: str, steps: int, max_context: int,
+                 kv: str):
         self.name = name
         env = {**os.environ, "PYTHONPATH": str(tree)}
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--worker", model, "--steps",
-             str(steps), "--max-context", str(max_context)], stdin=subprocess.PIPE,
+             str(steps), "--max-context", str(max_context), "--kv-cache", kv],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
         self.read()
 
@@ -136,19 +138,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed per measurement")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", type=Path, help="another source tree to compare against")
+    ap.add_argument("--kv-cache", default="f32",
+                    help="KV cache types to run this tree with (comma-separated: f32,f16)")
     ap.add_argument("--max-other", type=float, default=0.25)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "context-decode.png")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     a = ap.parse_args()
     if a.worker:
-        worker(a.model, a.steps, a.max_context)
+        worker(a.model, a.steps, a.max_context, a.kv_cache)
         return
     contexts = [int(x) for x in a.contexts.split(",")]
     t_start = time.time()
-    trees = [("this tree", ROOT)] + ([("before", a.baseline.resolve())] if a.baseline else [])
-    workers = [Worker(n, t, str(Path(a.model).resolve()), a.steps, max(contexts))
-               for n, t in trees]
+    kvs = a.kv_cache.split(",")
+    trees = [(f"this tree {kv}" if len(kvs) > 1 else "this tree", ROOT, kv) for kv in kvs]
+    trees += [("before", a.baseline.resolve(), "f32")] if a.baseline else []
+    workers = [Worker(n, t, str(Path(a.model).resolve()), a.steps, max(contexts), kv)
+               for n, t, kv in trees]
     res: dict[str, dict[int, list[dict]]] = {w.name: {c: [] for c in contexts} for w in workers}
     try:
         for r in range(a.rounds):
@@ -164,6 +170,7 @@ def main() -> None:
         for w in workers:
             w.close()
     out = {"cpu": cpu_name(), "model": a.model, "steps": a.steps, "rounds": a.rounds,
+           "kv": a.kv_cache, "baseline_commit": _commit(a.baseline) if a.baseline else None,
            "minutes": (time.time() - t_start) / 60,
            "results": {n: {str(c): v for c, v in d.items()} for n, d in res.items()}}
     if a.json:
@@ -177,35 +184,45 @@ def main() -> None:
         replace_section(DOC, SECTION, text, after="Decode on the CPU (full-size synthetic 2B-4T)")
 
 
+def _commit(tree: Path) -> str:
+    """The commit ``tree`` was archived from (git archive writes it into no file: the caller
+    names it with BASELINE_COMMIT), else its path."""
+    return os.environ.get("BASELINE_COMMIT", str(tree))
+
+
 def _med(ms: list[dict]) -> float:
     return statistics.median(m["ms"] for m in ms)
 
 
 def section(out: dict, a, contexts: list[int]) -> str:
     names = list(out["results"])
+    base = "before" if "before" in names else None
+    first = names[0]
     lines = [f"## {SECTION}", "",
              f"Command: `python tools/bench_context.py 2b4t.gguf --contexts "
-             f"{','.join(map(str, contexts))} --rounds {out['rounds']}"
-             + (" --baseline DIR" if len(names) > 1 else "") + " --write` on `bitformat synth "
-             "--preset 2b4t` (i2_s). Machine: " + out["cpu"] + f". The run took "
-             f"{out['minutes']:.1f} min.", "",
-             "A worker process per source tree loads the model once; for a context L it fills "
-             "the KV cache's first L positions with random keys and values and times "
-             f"{out['steps']} greedy decode steps at positions L, L + 1, ... (the whole step, "
-             "the screened LM head included). Rounds interleave the trees and contexts; "
-             "figures are medians over the rounds of each round's median step. Cache bytes a "
-             "step reads: 2 x L x 5 kv heads x 128 x 4 bytes x 30 layers (float32).", "",
-             "| L | cache MB/step | " + " | ".join(f"{n} tok/s | {n} ms/token" for n in names)
-             + (" | this tree / before |" if len(names) > 1 else ""),
-             "|---|---|" + "---|---|" * len(names) + ("---|" if len(names) > 1 else "")]
+             f"{','.join(map(str, contexts))} --rounds {out['rounds']} --kv-cache "
+             f"{out.get('kv', 'f32')}" + (" --baseline DIR" if base else "") + " --write` on "
+             "`bitformat synth --preset 2b4t` (i2_s)"
+             + (f", DIR = `git archive` of {out['baseline_commit']}" if base else "")
+             + ". Machine: " + out["cpu"] + f". The run took {out['minutes']:.1f} min.", "",
+             "A worker process per variant (source tree and KV cache type) loads the model "
+             "once; for a context L it fills the KV cache's first L positions with random keys "
+             f"and values and times {out['steps']} greedy decode steps at positions L, L + 1, "
+             "... (the whole step, the screened LM head included). Rounds interleave the "
+             "variants and contexts; figures are medians over the rounds of each round's median "
+             "step. Cache bytes a step reads: 2 x L x 5 kv heads x 128 x 30 layers x 4 bytes "
+             "(f32) or 2 bytes (f16).", "",
+             "| L | cache MB/step (f32) | " + " | ".join(f"{n} tok/s | ms/token" for n in names)
+             + (f" | {first} / before |" if base else ""),
+             "|---|---|" + "---|---|" * len(names) + ("---|" if base else "")]
     res = out["results"]
     for c in contexts:
         row = [f"{c:,}", f"{2 * c * 5 * 128 * 4 * 30 / 1e6:,.0f}"]
         for n in names:
             ms = _med(res[n][str(c)])
             row += [f"{1e3 / ms:.2f}", f"{ms:.1f}"]
-        if len(names) > 1:
-            row.append(f"{_med(res[names[1]][str(c)]) / _med(res[names[0]][str(c)]):.2f}x")
+        if base:
+            row.append(f"{_med(res[base][str(c)]) / _med(res[first][str(c)]):.2f}x")
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     for n in names:
@@ -216,7 +233,7 @@ def section(out: dict, a, contexts: list[int]) -> str:
             lines.append(f"{n}: decode at L = {c:,} is {ratio:.2f} of its speed at L = {short} "
                          "(target, issue 23: at least 0.6).")
     other = max(m["other"] for d in res.values() for ms in d.values() for m in ms)
-    lines += ["", f"Other processes took at most {other:.2f} cores during a measurement.",
+    lines += ["", f"Other processes took at most {other:.2f} cores during a measurement.", "",
               "![decode tok/s against context](context-decode.png)"]
     return "\n".join(lines) + "\n"
 
@@ -228,7 +245,7 @@ def plot(out: dict, contexts: list[int], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for (name, d), marker in zip(out["results"].items(), "os", strict=False):
+    for (name, d), marker in zip(out["results"].items(), "osD^", strict=False):
         ax.plot(contexts, [1e3 / _med(d[str(c)]) for c in contexts], marker=marker, label=name)
     ax.set_xlabel("context (positions in the KV cache)")
     ax.set_ylabel("decode tokens/s")
