@@ -146,6 +146,7 @@ def test_warmup_prepares_before_timing(tiny_gguf):
         with on_compile(heard.append):
             m.generate("def f(x):", 6)
             m.generate(list(range(1, 9)), 3)
+            m.generate(list(range(1, 80)), 3)  # attention past one run of positions
         assert heard == []
         assert m.last_stats.generated_tokens == 3
 

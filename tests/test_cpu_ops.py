@@ -115,10 +115,14 @@ def test_attend_one_matches_numpy(heads, kv, d, pos):
     assert np.abs(out - want).max() < 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("pos", [0, 255, 256, 700, 1023])
-def test_attend_one_split_same_bits(pos):
-    """Attention split into (kv head, run of positions) partials among threads and merged
-    gives attend_one's bits, and both stay close to a float64 softmax at long contexts."""
+@pytest.mark.parametrize("pos", [0, 63, 64, 255, 700, 1023])
+def test_attend_one_same_bits_on_any_threads(pos):
+    """Attention past one run of positions, its runs' partials shared among threads and
+    merged, gives the same bits as on this thread alone, on one thread or two, and as a
+    batched step's attention
+    (attend_rows), and stays close to a float64 softmax at long contexts."""
+    import numba
+
     rng = np.random.default_rng(pos)
     heads, kv, d = 20, 5, 32
     q = rng.standard_normal((heads, d)).astype(np.float32) * 2
@@ -127,12 +131,26 @@ def test_attend_one_split_same_bits(pos):
     kc = rng.standard_normal((pos + 1, kv, d)).astype(np.float32)
     vc = rng.standard_normal((pos + 1, kv, d)).astype(np.float32)
     cos, sin = np.ones(d // 2, np.float32), np.zeros(d // 2, np.float32)  # RoPE at position 0
-    a, b = np.empty(heads * d, np.float32), np.empty((1, heads * d), np.float32)
-    kc2, vc2 = kc.copy(), vc.copy()
-    ops.attend_one(q, k, v, cos, sin, kc, vc, pos, a)
-    ops.attend_one_split(q, k, v, cos, sin, kc2, vc2, pos, b)
-    np.testing.assert_array_equal(a, b[0])
-    np.testing.assert_array_equal(kc, kc2)
+    outs = [np.empty(heads * d, np.float32)]
+    ops.attend_one(q, k, v, cos, sin, kc, vc, pos, outs[0])  # on this thread
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            out = np.empty(heads * d, np.float32)
+            ops.attend_one_split(q, k, v, cos, sin, kc, vc, pos, out)
+            outs.append(out)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    rows = np.empty((1, heads * d), np.float32)
+    kb, vb = kc[None].copy(), vc[None].copy()
+    ops.attend_rows(q[None], k[None], v[None], cos[None], sin[None],
+                    np.array([kb.ctypes.data]), np.array([vb.ctypes.data]),
+                    np.array([pos + 1]), np.array([pos]), 0, rows)
+    np.testing.assert_array_equal(rows[0], outs[0])
+    a = outs[0]
     group = heads // kv
     for h in range(heads):
         sc = kc[:, h // group].astype(np.float64) @ q[h].astype(np.float64) / np.sqrt(d)

@@ -131,13 +131,15 @@ class LoadedModel:
         self.net.head.select(h, [Sampler()])
         self.net.head.reset_stats()
 
-    def warmup(self, parts: Sequence[str] = ("prompt", "step")) -> float:
+    def warmup(self, parts: Sequence[str] = ("prompt", "step", "long")) -> float:
         """Run every kind of step once on a throw-away cache and return the seconds it took.
 
         ``parts``: "prompt", an 18-token prompt (longer than the rans kernels'
         one-token-at-a-time limit and the cpu backend's batch kernels' 16 rows) and a 2-token
         step (a batched decode step's kernels); "step", one decode step, also through the
-        device's own argmax where there is one, and the head as a token is chosen. The first
+        device's own argmax where there is one, and the head as a token is chosen; "long",
+        the cpu backend's attention for contexts past 64 positions, shared among threads
+        (until it is compiled such steps run on one thread, with the same bits). The first
         run of a kernel compiles it (numba, on the cpu backend, once per machine, then read
         from numba's cache: docs/benchmarks.md, "First run") or builds its pipeline (wgpu).
         Timings taken afterwards measure the model, not the compiler. The numpy backend has
@@ -157,6 +159,11 @@ class LoadedModel:
                 self.net.forward_argmax(prompt[:1], cache)
             # the head as a token is chosen (the screened head's kernels; wgpu: its upload)
             self.net.decode([Segment(prompt[:1], cache)], [Sampler()])
+        warm = getattr(self.backend, "warm_attention", None)
+        if "long" in parts and warm is not None:
+            plan = getattr(self.net, "_decode_plan", lambda: None)()
+            if self.net.kv_type != "f32" or plan is None:  # steps run layer by layer
+                warm(self.net.kv_type)
         return time.perf_counter() - t0
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:

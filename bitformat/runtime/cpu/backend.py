@@ -376,8 +376,9 @@ class CpuBackend(Backend):
         return QuantizedActivations(q, s)
 
     def attend(self, q, k, v, kc, vc, start, cos, sin):
-        """One token: :func:`.ops.attend_one` (:func:`.ops.attend_one_split` among threads past
-        one run of positions). A prompt: the numpy attention of
+        """One token: :func:`.ops.attend_one` (:func:`.ops.attend_one_split`, among threads,
+        past one run of positions once :meth:`warm_attention` compiled it). A prompt: the
+        numpy attention of
         :meth:`.Backend.attend` (BLAS matrix products), with BLAS held to this thread. Left to
         its own threads, OpenBLAS keeps them spinning for a while after each call, on the cores
         the numba kernels run on next: a 64-token prompt of 2B-4T took 1.9 s that way, 0.7 s
@@ -389,12 +390,25 @@ class CpuBackend(Backend):
         if kc.dtype == np.float16:  # the kernels read and write its bits
             kc, vc = kc.view(np.uint16), vc.view(np.uint16)
         nch = ops.attn_chunks(start + 1)
-        if nch > 1:  # a long context: its runs of positions split among threads (same bits)
+        if nch > 1 and self.split_attention:  # runs of positions among threads (same bits)
             self._call(ops.attend_one_split, nch * ops.ATTN_CHUNK * kc[0].nbytes * 2, q[0],
-                       k[0], v[0], cos[0], sin[0], kc, vc, start, out)
+                       k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
         else:
             ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
         return out
+
+    #: whether one-token attention past :data:`.ops.ATTN_CHUNK` positions is shared among
+    #: threads (:func:`.ops.attend_one_split`); set once :meth:`warm_attention` compiled it.
+    #: Until then it runs on one thread, with the same bits: a first run on an empty kernel
+    #: cache does not wait ~5 s for a kernel it may never need (docs/benchmarks.md, "First
+    #: run"), and a long generation does not stop to compile it.
+    split_attention = False
+
+    def warm_attention(self, kv_type: str = "f32") -> None:
+        """:func:`.ops.warm_attention` with the split kernel, which long contexts use from
+        now on."""
+        ops.warm_attention(kv_type, split=True)
+        self.split_attention = True
 
     def decode_plan(self, net) -> D.Plan | None:
         """What :meth:`decode_row` needs to run ``net`` (a :class:`.models.base.Transformer`)

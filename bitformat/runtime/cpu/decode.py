@@ -37,7 +37,6 @@ from .ops import (
     ATTN_CHUNK,
     PART_V,
     _attend,
-    _attend_run,
     _f32_at,
     _merge,
     _norm_row,
@@ -190,16 +189,11 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
             c = claim(sync, ph + 3)
             if c >= nch:
                 break
-            if n <= ATTN_CHUNK:  # one run: as :func:`.ops._attend`
-                _attend_run(qr, kl, vl, n, scale, o)
-            else:
-                _part(qr, kl, vl, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale,
-                      parts[c])
+            _part(qr, kl, vl, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c])
             finish(sync, ph + 3)
         wait_done(sync, ph + 3, nch)
         if serial(sync, ph + 4):
-            if n > ATTN_CHUNK:
-                _merge(parts, nch, o)
+            _merge(parts, nch, o)
             _activations(o, gains[layer, 1, :dim], f32eps, x, q8, xg, mats[layer, OUT, BPR], lane,
                          sq)
             finish(sync, ph + 4)

@@ -229,11 +229,14 @@ def _part_mix(p, vc, c0, c1, part):
                 part[h, PART_V + i] += w * _cached(vc[t, j, i])
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _part(qr, kc, vc, c0, c1, scale, part):
     """The partial attention of every query head (``qr`` [H, d], RoPE applied) over positions
     ``c0 .. c1 - 1`` of ``kc``/``vc`` [len, KV, d]: per head its largest score, the sum of
-    exp(score - largest) and the exp-weighted sum of the value rows, into ``part`` [H, d + 2]."""
+    exp(score - largest) and the value rows weighted by the run's own softmax, into ``part``
+    [H, d + 2]. Normalized before mixing, as numpy's reference does: with one run the merge
+    multiplies by exactly 1 (a merged form that divided once after the sums moved a tiny
+    Qwen3 model's int8 activations across rounding ties: tests/test_bonsai.py)."""
     H = qr.shape[0]
     p = np.empty((H, c1 - c0), np.float32)
     _part_scores(qr, kc, c0, c1, scale, p)
@@ -243,15 +246,16 @@ def _part(qr, kc, vc, c0, c1, scale, part):
             top = max(top, p[h, t])
         total = np.float32(0.0)
         for t in range(c1 - c0):
-            e = np.exp(p[h, t] - top)
-            p[h, t] = e
-            total += e
+            p[h, t] = np.exp(p[h, t] - top)
+            total += p[h, t]
+        for t in range(c1 - c0):
+            p[h, t] = p[h, t] / total
         part[h, PART_M] = top
         part[h, PART_S] = total
     _part_mix(p, vc, c0, c1, part)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _merge(parts, nch, out):
     """``out`` [H * d] from the partials ``parts[:nch]`` [nch, H, d + 2] of consecutive runs
     of positions: one softmax correction per run (as flash-decoding merges its splits)."""
@@ -267,20 +271,20 @@ def _merge(parts, nch, out):
         o = out[h * d: (h + 1) * d]
         for i in range(d):
             o[i] = 0.0
-        for c in range(nch):
-            w = np.exp(parts[c, h, PART_M] - top) / total
+        for c in range(nch):  # one run: w = s / s = 1 exactly
+            w = np.exp(parts[c, h, PART_M] - top) * parts[c, h, PART_S] / total
             for i in range(d):
                 o[i] += w * parts[c, h, PART_V + i]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _rope_heads(q, cos, sin, qr):
     """RoPE of every head of ``q`` [H, d] into ``qr``."""
     for h in range(q.shape[0]):
         _rope(q[h], cos, sin, qr[h])
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _store_kv(k, v, cos, sin, kc, vc, pos):
     """k (RoPE applied) and v [KV, d] into the caches at ``pos`` (float32, or float16 as
     uint16 bits: rounded to nearest even)."""
@@ -292,54 +296,12 @@ def _store_kv(k, v, cos, sin, kc, vc, pos):
             vc[pos, j, i] = _to_cache(vc, v[j, i])
 
 
-@njit(cache=True, error_model="numpy")
-def _attend_run(qr, kc, vc, n, scale, out):
-    """Every head over positions 0..n-1 as one run (n <= ATTN_CHUNK): the softmax normalized
-    before the values are mixed, as numpy's reference does (the merged form's rounding, one
-    division after the sums, moved a tiny Qwen3 model's int8 activations across rounding
-    ties: tests/test_bonsai.py)."""
-    H, d = qr.shape
-    p = np.empty((H, n), np.float32)
-    _part_scores(qr, kc, 0, n, scale, p)
-    for h in range(H):
-        top = -np.inf
-        for t in range(n):
-            top = max(top, p[h, t])
-        total = np.float32(0.0)
-        for t in range(n):
-            p[h, t] = np.exp(p[h, t] - top)
-            total += p[h, t]
-        for t in range(n):
-            p[h, t] = p[h, t] / total
-    _mix_into(p, vc, n, out)
-
-
-@njit(cache=True, fastmath=_FAST, error_model="numpy")
-def _mix_into(p, vc, n, out):
-    """``out[h * d: (h + 1) * d] = sum_t p[h, t] * vc[t, h // G]`` (flat ``out`` [H * d])."""
-    H = p.shape[0]
-    d = vc.shape[2]
-    G = H // vc.shape[1]
-    for i in range(H * d):
-        out[i] = 0.0
-    for t in range(n):
-        for h in range(H):
-            j = h // G
-            w = p[h, t]
-            for i in range(d):
-                out[h * d + i] += w * _cached(vc[t, j, i])
-
-
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _attend(qr, kc, vc, n, out):
     """Every query head (``qr`` [H, d], RoPE applied) of a token at position n - 1 against
-    positions 0..n-1 of the caches, into ``out`` [H * d]: one run, or the runs' partials
-    merged."""
+    positions 0..n-1 of the caches, into ``out`` [H * d]: the runs' partials, merged."""
     H, d = qr.shape
     scale = np.float32(1.0 / math.sqrt(d))
-    if n <= ATTN_CHUNK:
-        _attend_run(qr, kc, vc, n, scale, out)
-        return
     nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
     parts = np.empty((nch, H, d + PART_V), np.float32)
     for c in range(nch):
@@ -347,11 +309,11 @@ def _attend(qr, kc, vc, n, out):
     _merge(parts, nch, out)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def attend_one(q, k, v, cos, sin, kc, vc, pos, out):
     """One token at position ``pos``: RoPE on q [H, d] and k [KV, d], k and v [KV, d] stored
     at ``kc/vc[pos]``, then causal GQA attention over positions 0..pos into ``out`` [H * d]
-    (:func:`_attend`).
+    (:func:`_attend`), on this thread.
 
     RoPE pairs element i with i + d/2 (rotate-half); ``cos``/``sin`` are float32 [d/2].
     """
@@ -361,24 +323,39 @@ def attend_one(q, k, v, cos, sin, kc, vc, pos, out):
     _attend(qr, kc, vc, pos + 1, out)
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True, nogil=True, error_model="numpy")
 def attend_one_split(q, k, v, cos, sin, kc, vc, pos, out):
-    """:func:`attend_one` with the runs of positions shared among threads, then merged: the
-    same bits, for long contexts. ``out`` is [1, H * d]."""
+    """:func:`attend_one` with the runs of positions' partials shared among threads, then
+    merged: the same bits, for contexts past one run (``out`` [H * d])."""
     _store_kv(k, v, cos, sin, kc, vc, pos)
     H, d = q.shape
     qr = np.empty((H, d), np.float32)
     _rope_heads(q, cos, sin, qr)
     scale = np.float32(1.0 / math.sqrt(d))
     n = pos + 1
-    if n <= ATTN_CHUNK:
-        _attend_run(qr, kc, vc, n, scale, out[0])
-        return
     nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
     parts = np.empty((nch, H, d + PART_V), np.float32)
     for c in prange(nch):
         _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c])
-    _merge(parts, nch, out[0])
+    _merge(parts, nch, out)
+
+
+def warm_attention(kv_type: str = "f32", split: bool = False) -> None:
+    """Compile (or read from numba's cache) the one-token attention kernel for a cache of
+    ``kv_type`` ("f32", "f16"), and with ``split`` the one that shares long contexts among
+    threads. numba compiles for the arrays' types, not their sizes, so small ones do."""
+    H, KV, d = 4, 2, 8
+    n = ATTN_CHUNK + 2
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, H, d)).astype(np.float32)
+    k = rng.standard_normal((1, KV, d)).astype(np.float32)
+    cos, sin = np.ones((1, d // 2), np.float32), np.zeros((1, d // 2), np.float32)
+    store = np.uint16 if kv_type == "f16" else np.float32
+    kc, vc = np.zeros((n, KV, d), store), np.zeros((n, KV, d), store)
+    out = np.empty((1, H * d), np.float32)
+    attend_one(q[0], k[0], k[0], cos[0], sin[0], kc, vc, n - 1, out[0])
+    if split:
+        attend_one_split(q[0], k[0], k[0], cos[0], sin[0], kc, vc, n - 1, out[0])
 
 
 @intrinsic
@@ -392,7 +369,7 @@ def _f32_at(typingctx, addr):
     return sig, codegen
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True, nogil=True, error_model="numpy")
 def attend_rows(q, k, v, cos, sin, kaddr, vaddr, lens, pos, layer, out):
     """:func:`attend_one` for T tokens of a decode step, each on its own KV cache, in one call
     (the tokens split among threads; each as in :func:`attend_one`).
