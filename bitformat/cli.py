@@ -389,7 +389,7 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
 
     The first run on a machine compiles the cpu kernels (said on stderr, kept out of the
     reported speeds): on 2 cores the full-size 2B-4T's first token comes about 30 s after the
-    start instead of 11 s; `bitformat warmup` does it ahead. For a conversation of several
+    start instead of 10-12 s; `bitformat warmup` does it ahead. For a conversation of several
     turns, use `bitformat chat`."""
     from .cli_helpers import ready_model
 
