@@ -183,10 +183,7 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
                     if helper is not None:  # the screened head here, the layers there
                         model.prepare_head()
                         finish_helper(helper)
-                    # an empty cache: long contexts' threaded attention is left out (it
-                    # compiles in seconds that this first run may never need)
-                    model.warmup(("prompt", "step") if helper is not None else
-                                 ("prompt", "step", "long"))
+                    model.warmup()  # on an empty cache the helper compiled the layers
             finally:
                 notice.close()
             yield model

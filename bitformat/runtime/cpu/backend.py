@@ -399,9 +399,8 @@ class CpuBackend(Backend):
 
     #: whether one-token attention past :data:`.ops.ATTN_CHUNK` positions is shared among
     #: threads (:func:`.ops.attend_one_split`); set once :meth:`warm_attention` compiled it.
-    #: Until then it runs on one thread, with the same bits: a first run on an empty kernel
-    #: cache does not wait ~5 s for a kernel it may never need (docs/benchmarks.md, "First
-    #: run"), and a long generation does not stop to compile it.
+    #: Until then it runs on one thread, with the same bits, so a long generation never stops
+    #: to compile it (on an empty kernel cache the compile helper process compiles it).
     split_attention = False
 
     def warm_attention(self, kv_type: str = "f32") -> None:
@@ -532,6 +531,8 @@ class CpuBackend(Backend):
             kernel = (self._mm2 if len(s) == 1 else self._mm2_tokens
                       if self._mm2_tokens and len(s) <= BATCH_TOKENS and w.kind != K.KIND_COLPACK
                       else self._mm2_prompt)
+            if kernel is K.mm2_portable:  # its compiled kernel for this layout
+                kernel = K.MM2_PORTABLE[w.kind]
             self._call(kernel, w.data.nbytes, w.data, xg, corr, s, w.scale, w.kind, out)
         elif enc == "tq2_0":
             xg = self._derived(qa, "x86", w.cols)

@@ -500,19 +500,53 @@ def _dot2_vnni_pair(W, r, XG, t, kind):
 
 
 # -- per-tensor-scale 2-bit formats: i2_s, stfma, colpack_u32 ------------------------------------
-@njit(parallel=True, cache=True)
 def mm2_portable(W, XG, corr, s, ws, kind, out):
     """out[t, r] = float32(sum_m code*XG - corr[t]) / s[t] * ws[r] for row bytes ``W[r]``.
 
     ``ws`` holds each row's tensor scale (float32 [rows]), so matrices stacked by rows (q, k
-    and v of a layer, read in one call) keep their own scales.
+    and v of a layer, read in one call) keep their own scales. One compiled kernel per
+    ``kind``, so a model compiles only its own layout's loops (a kernel with all three took
+    6-7 s to compile on 2 cores, a third of a cold first run's critical path).
     """
+    MM2_PORTABLE[kind](W, XG, corr, s, ws, kind, out)
+
+
+@njit(parallel=True, cache=True)
+def mm2_portable_i2s(W, XG, corr, s, ws, kind, out):
+    """:func:`mm2_portable` for KIND_I2S (``kind`` is ignored)."""
     rows, bpr = W.shape
     for r in prange(rows):
         wr = W[r]
         for t in range(out.shape[0]):
-            d = _dot2_portable(wr, 0, XG[t], 0, bpr, kind)
+            d = _dot2_portable(wr, 0, XG[t], 0, bpr, KIND_I2S)
             out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+
+
+@njit(parallel=True, cache=True)
+def mm2_portable_low(W, XG, corr, s, ws, kind, out):
+    """:func:`mm2_portable` for KIND_LOW (``kind`` is ignored)."""
+    rows, bpr = W.shape
+    for r in prange(rows):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            d = _dot2_portable(wr, 0, XG[t], 0, bpr, KIND_LOW)
+            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+
+
+@njit(parallel=True, cache=True)
+def mm2_portable_colpack(W, XG, corr, s, ws, kind, out):
+    """:func:`mm2_portable` for KIND_COLPACK (``kind`` is ignored)."""
+    rows, bpr = W.shape
+    for r in prange(rows):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            d = _dot2_portable(wr, 0, XG[t], 0, bpr, KIND_COLPACK)
+            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+
+
+#: the portable 2-bit kernel of each row layout
+MM2_PORTABLE = {KIND_I2S: mm2_portable_i2s, KIND_LOW: mm2_portable_low,
+                KIND_COLPACK: mm2_portable_colpack}
 
 
 @njit(parallel=True, cache=True)
