@@ -359,8 +359,9 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
         raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
     if tokens < 1:
         raise RequestError("bench needs at least one decode step (--tokens)")
-    if kv_cache not in ("f32", "f16"):
-        raise RequestError(f"the KV cache type must be f32 or f16, got {kv_cache!r:.20}")
+    from .runtime.models.base import check_kv_type
+
+    check_kv_type(kv_cache)
     if kv_cache != "f32" and backend != "cpu":
         raise RequestError(f"bench times a {kv_cache} KV cache on the cpu backend only")
     fids = parse_formats(formats)

@@ -19,6 +19,7 @@ import click
 
 from . import __version__
 from .cli_helpers import CompileNotice, check_output, check_threads, quantized_line
+from .constants import KV_TYPES
 from .errors import BitformatError, Terminated
 from .formats import CONVERT_TARGETS
 
@@ -313,7 +314,7 @@ def _parse_ids(text: str | None) -> list[int] | None:
 
 
 KV_CACHE_OPTION = click.option(
-    "--kv-cache", type=click.Choice(["f32", "f16"]), default="f32", show_default=True,
+    "--kv-cache", type=click.Choice(KV_TYPES), default="f32", show_default=True,
     help="Element type of the KV cache: f16 rounds keys and values to float16 as they are "
          "stored (lossy: the text can differ from f32's; half the bytes a step reads at long "
          "contexts and half the memory; numpy and cpu backends).")

@@ -164,3 +164,10 @@ SCALAR_FORMAT = {
     ValueType.INT64: "<q",
     ValueType.FLOAT64: "<d",
 }
+
+
+#: what ``--kv-cache`` takes: the KV cache's element type. "f32" keeps keys and values as the
+#: model computes them (float32; float64 on the numpy backend in float64); "f16" rounds them
+#: to float16 as they are stored (to nearest, ties to even): half the bytes a decode step
+#: reads at long contexts, and every backend that has it rounds the same way
+KV_TYPES = ("f32", "f16")

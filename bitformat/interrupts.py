@@ -53,13 +53,14 @@ def _watch(signum: int, done: threading.Event) -> None:
         _hard_exit(signum)
 
 
-def handled() -> None:
+def handled() -> bool:
     """The interrupt was handled (the command ends as it should, or chat stopped an
-    answer): disarm the watchdog."""
+    answer): disarm the watchdog. False where no signal had armed it."""
     with _lock:
         ev = _pending.pop("armed", None)
     if ev is not None:
         ev.set()
+    return ev is not None
 
 
 #: seconds an exit after a handled signal may take (interpreter shutdown: atexit handlers,
@@ -73,11 +74,8 @@ def exiting(code: int) -> None:
     in :data:`EXIT_GRACE` seconds (a worker thread it waits for: one killed conversion in a
     full test run under load took over a minute). Without a signal (an exception raised
     in-process) only the first."""
-    with _lock:
-        ev = _pending.pop("armed", None)
-    if ev is None:
+    if not handled():
         return
-    ev.set()
 
     def finish() -> None:
         time.sleep(EXIT_GRACE)

@@ -80,8 +80,7 @@ def timed(args: list[str], cache: Path, log: Path | None = None,
     r = {"args": args, "rc": p.returncode, "first_output_s": first, "total_s": end,
          "cpu_busy_cores": ((b1 - b0) - (i1 - i0)) / tck / end,
          "stderr_tail": err.decode(errors="replace")[-600:],
-         "stdout_tail": out.decode(errors="replace")[-600:],
-         "stdout_full": out.decode(errors="replace")}
+         "stdout": out.decode(errors="replace")}
     if log is not None and log.exists():
         r["compile"] = json.loads(log.read_text())
     return r
@@ -107,7 +106,7 @@ def main() -> None:
         for _ in range(3):
             r = timed(["run", a.model, "--prompt-ids", "1,5,17,300,42,7,99,128", "-n", "32",
                        "--json"], cache)
-            j = json.loads(r["stdout_full"])
+            j = json.loads(r["stdout"])
             decode.append({"decode_tok_s": j["generation_tokens_per_s"],
                            "prefill_tok_s": j["prompt_tokens_per_s"],
                            "cpu_busy_cores": r["cpu_busy_cores"]})
@@ -127,7 +126,7 @@ def main() -> None:
             cache = Path(d) / "numba"
             cache.mkdir()
             res["warmup"] = timed(["warmup"], cache, Path(d) / "log.json")
-            m = re.search(r"kernels ready: (\d+) compiled", res["warmup"]["stdout_tail"])
+            m = re.search(r"kernels ready: (\d+) compiled", res["warmup"]["stdout"])
             res["warmup"]["compiled_both"] = int(m.group(1)) if m else None
     if not a.no_demo:
         with tempfile.TemporaryDirectory(prefix="cold-") as d:
@@ -157,6 +156,14 @@ def main() -> None:
                                                              "synthetic 2B-4T)")
 
 
+def _cold_row(what: str, r: dict) -> str:
+    """A table row for a run on an empty cache: first output, total, what it compiled."""
+    c = r.get("compile", {})
+    return (f"| {what} | {r['first_output_s']:.1f} s | {r['total_s']:.1f} s | "
+            f"{c.get('count', 0)} functions, {c.get('seconds', 0):.1f} s | "
+            f"{r['cpu_busy_cores']:.2f} |")
+
+
 def section(res: dict, a) -> str:
     cold, warm = res["cold"], res["warm"]
     c = cold.get("compile", {})
@@ -169,9 +176,7 @@ def section(res: dict, a) -> str:
              "one's included).", "",
              "| what | first output | total | compiled here | cores busy |",
              "|---|---|---|---|---|",
-             f"| `bitformat run ... -n {a.tokens}`, empty cache | "
-             f"{cold['first_output_s']:.1f} s | {cold['total_s']:.1f} s | {c.get('count', 0)} "
-             f"functions, {c.get('seconds', 0):.1f} s | {cold['cpu_busy_cores']:.2f} |",
+             _cold_row(f"`bitformat run ... -n {a.tokens}`, empty cache", cold),
              f"| the same, cache filled | {warm['first_output_s']:.1f} s | "
              f"{warm['total_s']:.1f} s | none | {warm['cpu_busy_cores']:.2f} |"]
     if "decode" in res:
@@ -182,12 +187,8 @@ def section(res: dict, a) -> str:
                      f"(medians; decode {', '.join(f'{x:.1f}' for x in dec)}) | | | | "
                      f"{max(d['cpu_busy_cores'] for d in res['decode']):.2f} |")
     if "tiny" in res:
-        t = res["tiny"]
-        tc = t.get("compile", {})
-        lines.append(f"| the same on the tiny model (`synth --preset tiny`), empty cache | "
-                     f"{t['first_output_s']:.1f} s | {t['total_s']:.1f} s | "
-                     f"{tc.get('count', 0)} functions, {tc.get('seconds', 0):.1f} s | "
-                     f"{t['cpu_busy_cores']:.2f} |")
+        lines.append(_cold_row("the same on the tiny model (`synth --preset tiny`), empty "
+                               "cache", res["tiny"]))
     if "warmup" in res:
         w = res["warmup"]
         wc = w.get("compile", {})

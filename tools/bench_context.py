@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+from bench_cold_start import cpu_name  # noqa: E402
+from bench_load import _self_cpu, busy_ticks  # noqa: E402
+
 SECTION = "Decode against context length (full-size synthetic 2B-4T, cpu)"
 MSG = "@@ctx "
 TICK = os.sysconf("SC_CLK_TCK")
@@ -72,18 +74,7 @@ def worker(model: str, steps: int, max_context: int, kv: str) -> None:
                                     "cpu": _self_cpu() - c0}), flush=True)
 
 
-def _self_cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 # -- the parent --------------------------------------------------------------------------------
-def busy_ticks() -> int:
-    with open("/proc/stat") as fh:
-        v = [int(x) for x in fh.readline().split()[1:]]
-    return sum(v[:8]) - v[3] - v[4]
-
-
 class Worker:
     def __init__(self, name: str, tree: Path, model: str, steps: int, max_context: int,
                  kv: str):
@@ -114,20 +105,6 @@ class Worker:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait()
-
-
-def cpu_name() -> str:
-    name = platform.processor() or "unknown CPU"
-    flags = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        name = next(line.split(":", 1)[1].strip() for line in text.splitlines()
-                    if line.startswith("model name"))
-        flags = text
-    except (OSError, StopIteration):
-        pass
-    isa = [f for f in ("avx512_vnni", "avx512vbmi", "amx_tile") if f" {f}" in flags]
-    return f"{name}, {os.cpu_count()} cores ({', '.join(isa) or 'no AVX-512'})"
 
 
 def main() -> None:

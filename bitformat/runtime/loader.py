@@ -29,7 +29,7 @@ from .generate import (
     stream_generate,
 )
 from .models import ModelArgs, Segment, model_class
-from .models.base import KV_TYPES
+from .models.base import check_kv_type
 from .sampling import Sampler
 
 BACKENDS = ("numpy", "cpu", "wgpu")
@@ -210,9 +210,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
         raise RequestError(f"head must be {' or '.join(HEAD_MODES)}, got {head!r:.20}")
     if decode not in ("load", "fused"):
         raise RequestError(f"decode must be load or fused, got {decode!r:.20}")
-    if kv_cache not in KV_TYPES:
-        raise RequestError(f"the KV cache type must be {' or '.join(KV_TYPES)}, got "
-                           f"{kv_cache!r:.20}")
+    check_kv_type(kv_cache)
     if kv_cache != "f32" and backend == "wgpu":
         raise RequestError(f"a {kv_cache} KV cache runs on the numpy and cpu backends; the wgpu "
                            "backend keeps its cache on the device in float32 (--kv-cache f32)")

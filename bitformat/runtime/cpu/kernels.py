@@ -511,37 +511,34 @@ def mm2_portable(W, XG, corr, s, ws, kind, out):
     MM2_PORTABLE[kind](W, XG, corr, s, ws, kind, out)
 
 
+@njit(inline="always")
+def _mm2_portable_row(W, r, XG, corr, s, ws, kind, out):
+    """Row ``r`` of :func:`mm2_portable` for every token."""
+    wr = W[r]
+    for t in range(out.shape[0]):
+        d = _dot2_portable(wr, 0, XG[t], 0, W.shape[1], kind)
+        out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+
+
 @njit(parallel=True, cache=True)
 def mm2_portable_i2s(W, XG, corr, s, ws, kind, out):
     """:func:`mm2_portable` for KIND_I2S (``kind`` is ignored)."""
-    rows, bpr = W.shape
-    for r in prange(rows):
-        wr = W[r]
-        for t in range(out.shape[0]):
-            d = _dot2_portable(wr, 0, XG[t], 0, bpr, KIND_I2S)
-            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+    for r in prange(W.shape[0]):
+        _mm2_portable_row(W, r, XG, corr, s, ws, KIND_I2S, out)
 
 
 @njit(parallel=True, cache=True)
 def mm2_portable_low(W, XG, corr, s, ws, kind, out):
     """:func:`mm2_portable` for KIND_LOW (``kind`` is ignored)."""
-    rows, bpr = W.shape
-    for r in prange(rows):
-        wr = W[r]
-        for t in range(out.shape[0]):
-            d = _dot2_portable(wr, 0, XG[t], 0, bpr, KIND_LOW)
-            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+    for r in prange(W.shape[0]):
+        _mm2_portable_row(W, r, XG, corr, s, ws, KIND_LOW, out)
 
 
 @njit(parallel=True, cache=True)
 def mm2_portable_colpack(W, XG, corr, s, ws, kind, out):
     """:func:`mm2_portable` for KIND_COLPACK (``kind`` is ignored)."""
-    rows, bpr = W.shape
-    for r in prange(rows):
-        wr = W[r]
-        for t in range(out.shape[0]):
-            d = _dot2_portable(wr, 0, XG[t], 0, bpr, KIND_COLPACK)
-            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+    for r in prange(W.shape[0]):
+        _mm2_portable_row(W, r, XG, corr, s, ws, KIND_COLPACK, out)
 
 
 #: the portable 2-bit kernel of each row layout

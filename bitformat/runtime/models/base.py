@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...constants import KV_TYPES
 from ...errors import MetadataError, RequestError, UnsupportedConversionError
 from ...families import ARCHITECTURES, BITNET_2B4T, Family, family_of, hf_family
 from ..backend import Backend, QuantizedActivations, quantize_activations, relu2_glu, rms_norm
@@ -108,11 +109,11 @@ class ModelArgs:
         return self
 
 
-#: what ``--kv-cache`` takes: the KV cache's element type. "f32" keeps keys and values as the
-#: model computes them (float32; float64 on the numpy backend in float64); "f16" rounds them
-#: to float16 as they are stored (to nearest, ties to even): half the bytes a decode step
-#: reads at long contexts, and every backend that has it rounds the same way
-KV_TYPES = ("f32", "f16")
+def check_kv_type(kv_type: str) -> None:
+    """Refuse a KV cache type that is not one of :data:`~bitformat.constants.KV_TYPES`."""
+    if kv_type not in KV_TYPES:
+        raise RequestError(f"the KV cache type must be {' or '.join(KV_TYPES)}, got "
+                           f"{kv_type!r:.20}")
 
 
 class KVCache:
@@ -120,9 +121,7 @@ class KVCache:
 
     def __init__(self, args: ModelArgs, max_len: int, dtype: type = np.float32,
                  kv_type: str = "f32"):
-        if kv_type not in KV_TYPES:
-            raise RequestError(f"the KV cache type must be {' or '.join(KV_TYPES)}, got "
-                               f"{kv_type!r:.20}")
+        check_kv_type(kv_type)
         shape = (args.n_layers, max_len, args.n_kv_heads, args.head_dim)
         store = np.float16 if kv_type == "f16" else dtype
         self.kv_type = kv_type
@@ -315,7 +314,7 @@ class Transformer:
             self._plan = make(self) if make is not None else None
         return self._plan
 
-    #: the element type of the caches :meth:`new_cache` makes (:data:`KV_TYPES`)
+    #: the element type of the caches :meth:`new_cache` makes (``constants.KV_TYPES``)
     kv_type: str = "f32"
 
     def new_cache(self, max_len: int) -> KVCache:
