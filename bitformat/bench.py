@@ -107,6 +107,10 @@ class ContainerBench:
         return f"{self.format} ({self.decode})" if self.decode else self.format
 
 
+#: containers whose wgpu kernels add block scales in float32 (docs/model.md §2)
+WGPU_FLOAT32_BLOCKS = ("tq1_0", "tq2_0")
+
+
 @dataclass
 class BenchResult:
     source: str
@@ -121,7 +125,35 @@ class BenchResult:
     kv_cache: str = "f32"  # the KV cache's element type
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["tokens_agree"] = self.disagreement() is None
+        out["token_groups"] = [[c.label for c in g] for g in self.token_groups()]
+        return out
+
+    def token_groups(self) -> list[list[ContainerBench]]:
+        """The containers grouped by the greedy tokens they decoded, the largest group first."""
+        groups: dict[tuple[int, ...], list[ContainerBench]] = {}
+        for c in self.containers:
+            groups.setdefault(tuple(c.tokens), []).append(c)
+        return sorted(groups.values(), key=len, reverse=True)
+
+    def disagreement(self) -> str | None:
+        """Why the containers' tokens are not the same where they must be, or None.
+
+        Every container is a lossless conversion of one model and every backend applies the
+        scales in one arithmetic (docs/model.md §2), so they decode the same tokens. The one
+        documented exception: on wgpu, TQ1_0 and TQ2_0 add their block scales in float32
+        (WGSL has no float64), so they may part from the others there.
+        """
+        groups = self.token_groups()
+        if len(groups) < 2:
+            return None
+        rest = [c for g in groups[1:] for c in g]
+        if self.backend == "wgpu" and all(c.format in WGPU_FLOAT32_BLOCKS for c in rest):
+            return None
+        return ("the containers decoded different tokens: "
+                + "; ".join(f"{', '.join(c.label for c in g)}: {g[0].tokens[:8]}"
+                            + ("..." if len(g[0].tokens) > 8 else "") for g in groups))
 
 
 def parse_formats(text: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -489,8 +521,17 @@ def render(r: BenchResult) -> str:
                          f"{sc['bytes_per_token'] / sc['ms_per_token'] / 1e6:>9.2f}"
                          f"{sc['tokens_per_s']:>10.1f}   {sc['candidates_mean']:.1f} rows "
                          f"rescored/step{'' if sc['same_tokens'] else ', TOKENS DIFFER'}")
-    if len({tuple(c.tokens) for c in r.containers}) > 1:
-        lines += ["", "note: the containers decoded different tokens"]
+    groups = r.token_groups()
+    why = r.disagreement()
+    if why is not None:
+        lines += ["", f"ERROR: {why}"]
+    elif len(groups) > 1:
+        lines += ["", f"tokens: {', '.join(c.label for c in groups[0])} decoded the same "
+                  f"{r.tokens} tokens; {', '.join(c.label for g in groups[1:] for c in g)} "
+                  "differ, as they may on wgpu (float32 block scales, docs/model.md §2)"]
+    elif len(r.containers) > 1:
+        lines += ["", f"tokens: all {len(r.containers)} runs decoded the same {r.tokens} tokens "
+                  "(one arithmetic for every container)"]
     return "\n".join(lines)
 
 

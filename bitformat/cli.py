@@ -625,6 +625,10 @@ def bench(file: Path, backend: str, formats: str, tokens: int, as_json: bool,
 
         plot_bench(result, plot)
     _show(result, render, as_json, plot)
+    why = result.disagreement()
+    if why is not None:  # lossless containers must agree: a bug to report, not a figure
+        raise click.ClickException(f"{why}. Lossless containers give the same tokens "
+                                   "(docs/model.md §2); please report this with the file.")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -96,6 +96,7 @@ def test_cpu_json_bytes_times_and_plot(tiny_gguf, tmp_path):
     assert res["containers"][0]["path"] == str(tiny_gguf)  # the source is used as it is
     rans = res["containers"][2:]
     assert rans[0]["tokens"] == rans[1]["tokens"] == res["containers"][0]["tokens"]
+    assert res["tokens_agree"] and len(res["token_groups"]) == 1
     assert rans[0]["classes"]["ternary"]["bytes"] > rans[1]["classes"]["ternary"]["bytes"]
     blob = png.read_bytes()
     assert blob[:8] == b"\x89PNG\r\n\x1a\n" and blob[12:16] == b"IHDR"
@@ -112,7 +113,39 @@ def test_cpu_text_and_temporary_files(tiny_gguf, tmp_path, monkeypatch):
                  "screened LM head", "rows rescored/step"):
         assert word in r.stdout
     assert "i2_s " not in r.stdout
+    assert "all 2 runs decoded the same 2 tokens" in r.stdout
     assert list(tmp_path.iterdir()) == []  # converted containers are deleted
+
+
+def _result(backend: str, tokens: dict[str, list[int]]):
+    from bitformat.bench import CLASSES, BenchResult, ContainerBench
+
+    r = BenchResult("m.gguf", backend, "", "host", 3, 1, 2, 64)
+    classes = {k: {"bytes": 0, "ms": 1.0, "gbps": 0.0} for k in CLASSES}
+    for fid, toks in tokens.items():
+        r.containers.append(ContainerBench(fid, "", 0, classes, 0, 1.0, 1.0, 0.0, 0.0, 0.0,
+                                           0.0, toks))
+    return r
+
+
+def test_containers_that_disagree_fail_loudly(tiny_gguf, monkeypatch):
+    """Lossless containers decode the same tokens: where they do not, bench says which, and
+    the command fails; on wgpu TQ1_0/TQ2_0 may differ (float32 block scales) and are named."""
+    from bitformat import bench as B
+
+    agree = _result("cpu", {"i2_s": [1, 2], "tq2_0": [1, 2]})
+    assert agree.disagreement() is None
+    bad = _result("cpu", {"i2_s": [1, 2], "stfma": [1, 2], "tq1_0": [1, 3]})
+    why = bad.disagreement()
+    assert "i2_s, stfma: [1, 2]" in why and "tq1_0: [1, 3]" in why
+    assert f"ERROR: {why}" in B.render(bad)
+    gpu = _result("wgpu", {"i2_s": [1, 2], "stfma": [1, 2], "tq2_0": [1, 3]})
+    assert gpu.disagreement() is None and "differ, as they may on wgpu" in B.render(gpu)
+    assert _result("wgpu", {"i2_s": [1, 2], "stfma": [1, 3]}).disagreement() is not None
+    monkeypatch.setattr(B, "run_bench", lambda *a, **k: bad)
+    r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--tokens", "2"])
+    assert r.exit_code == 1 and "decoded different tokens" in r.output
+    assert "please report" in r.output
 
 
 def test_bad_requests(tiny_gguf):

@@ -12,6 +12,24 @@ per 64-value block); a q2_0 head multiplies as llama.cpp's CPU backend does: the
 is made Q8_0 blocks (:func:`q8_0_activations`, ggml's ``vec_dot_type`` of Q2_0) and each logit
 is ``sum_b d_b * (d8_2b * isum_2b + d8_2b+1 * isum_2b+1)`` in float32, block by block
 (ggml-cpu ``ggml_vec_dot_q2_0_q8_0``; :func:`q2_0_logits`).
+
+One arithmetic for every container
+----------------------------------
+Every ternary mat-vec of every backend and container computes, for int8 activations ``q``
+with scale ``s`` (``x ~ q / s``) and a row of trits ``t`` with scales ``d_b`` over blocks
+``b`` (one block per row where the container has one scale per tensor or row)::
+
+    y = float32( float32( sum_b d_b * sum_{k in b} t_k q_k ) / s )
+
+The integer dot product of each block is exact; the sum of ``d_b`` times it is made exactly
+(in float64: each product of an f16 or f32 scale and an integer below 2**16 is exact, and so
+is their sum while a row's non-zero scales lie within a factor ``2**SCALE_SPAN_BITS`` of each
+other, which every quantizer's output does by far), then rounded to float32 once; the
+division by ``s`` is one float32 division. A row with one scale needs no float64:
+``float32(dot) * d`` is already the correctly rounded product. So a model gives the same bits
+from every container that holds its scales (i2_s's per-tensor f32, TQ2_0's per-256 f16 or
+iq2_bn's per-row scale: a conversion keeps the same numbers), whatever order a kernel sums
+its blocks in.
 """
 
 from __future__ import annotations
@@ -34,6 +52,11 @@ from ..ternary import TernaryTensor
 
 #: GGML types of the embedding and the LM head that backends run.
 HEAD_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.F64, GGMLType.Q2_0)
+
+#: Block scales of one row within a factor 2**SCALE_SPAN_BITS of each other keep the float64
+#: sum of "One arithmetic for every container" exact (2**16 * 2**11 per term, up to 2**7
+#: blocks: 53 bits; rows longer than 32,768 values have a bit less room).
+SCALE_SPAN_BITS = 19
 
 #: Ternary encodings whose bytes a backend can read row by row.
 ROW_FORMATS = ROW_FORMAT_IDS

@@ -3,8 +3,9 @@
 Each BitLinear call decodes the matrix's container bytes a block of rows at a time with the
 format's own reader (so every call also validates them) and multiplies the int8 activations
 by the trits in floating point. The products are small integers and their sums stay below
-2**24 for any row shorter than 131072 values, so even float32 sums are exact: the only
-rounding is in the scales, applied as ``float(dot) / s * scale``.
+2**24 for any row shorter than 131072 values, so even float32 sums are exact. The scales are
+applied as every backend applies them (:mod:`.backend`, "One arithmetic for every
+container"): ``(dot * scale) / s``, the block-scaled sum made exactly in float64 first.
 """
 
 from __future__ import annotations
@@ -65,13 +66,14 @@ class NumpyBackend(Backend):
             trits = t.trits.astype(dt)  # [rows_in_block, cols]
             if t.scale_block == 0:
                 dot = q @ trits.T  # [T, rows_in_block], exact integers
-                out[:, r0: r0 + t.rows] = dot / s * dt(t.scales[0])
+                out[:, r0: r0 + t.rows] = dot * dt(t.scales[0]) / s
             else:
                 nb = t.cols // t.scale_block
                 qb = q.reshape(-1, nb, t.scale_block)  # [T, nb, block]
                 tb = trits.reshape(t.rows, nb, t.scale_block)  # [rows, nb, block]
                 dot = np.einsum("tbk,rbk->trb", qb, tb)  # [T, rows, nb], exact integers
-                out[:, r0: r0 + t.rows] = (dot * t.scales.astype(dt)).sum(axis=2) / s
+                acc = (dot.astype(np.float64) * t.scales.astype(np.float64)).sum(axis=2)
+                out[:, r0: r0 + t.rows] = acc.astype(dt) / s  # the sum is exact: any order
         return out
 
     def lm_head(self, h: np.ndarray) -> np.ndarray:

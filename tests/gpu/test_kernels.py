@@ -180,14 +180,15 @@ def row_matrix(fid: str, trits: np.ndarray, rng, unit: bool) -> tuple[RowMatrix,
 
 
 def reference(t: TernaryTensor, q: np.ndarray, s: np.float32) -> np.ndarray:
-    """numpy's float32 BitLinear of one token (numpy_backend.py), from exact integer sums."""
+    """numpy's float32 BitLinear of one token (numpy_backend.py), from exact integer sums:
+    ``float32(float32(sum_b d_b * isum_b) / s)`` (docs/model.md §2)."""
     if t.scale_block == 0:
         acc = (t.trits.astype(np.int64) @ q.astype(np.int64)).astype(np.float32)
-        return acc / s * np.float32(t.scales[0])
+        return acc * np.float32(t.scales[0]) / s
     nb = t.cols // 256
     acc = np.einsum("rbk,bk->rb", t.trits.reshape(t.rows, nb, 256).astype(np.int64),
-                    q.reshape(nb, 256).astype(np.int64)).astype(np.float32)
-    return (acc * t.scales).sum(axis=1, dtype=np.float32) / s
+                    q.reshape(nb, 256).astype(np.int64)).astype(np.float64)
+    return (acc * t.scales.astype(np.float64)).sum(axis=1).astype(np.float32) / s
 
 
 @pytest.mark.parametrize("lanes,x_space,split", DEVICE_CASES)
@@ -282,7 +283,7 @@ def test_rans_matvec(devices, rng, shape, dead, mode, tables, lanes, x_space):
     x = dev.buffer(4 * UNIFORM_WORDS, "x", uniform=True)
     dev.write(x, activation_block(q, s))
     acc = trits.astype(np.int64) @ q.astype(np.int64)
-    want = acc.astype(np.float32) / s * scale
+    want = acc.astype(np.float32) * scale / s
     y = poisoned(dev, rows + 4)
     dev.run(m.dispatches(x, y, 0))
     got = read(dev, y, rows + 4)

@@ -29,7 +29,7 @@ of the full-size 2B-4T (:func:`.decode.decode_rows`): 8 tokens 62.8 -> 55.4 ms, 
 104.4 -> 90.8 ms.
 
 The sum runs over the columns in another order than the other kernels, but integer sums are
-exact, so ``out[t, r] = float32(dot - corr[t]) / s[t] * ws[r]`` equals theirs to the bit.
+exact, so ``out[t, r] = float32(dot - corr[t]) * ws[r] / s[t]`` equals theirs to the bit.
 
 AMX needs Linux's permission for the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, once
 per process): :func:`available` asks for it and says whether the kernels may run.
@@ -314,7 +314,7 @@ def amx_block(W, b, XB, cfg, corr, s, ws, out, abuf, cout, f):
         for k in range(TILE_ROWS):  # along the tile's rows: vcvtdq2ps, vdivps, vmulps
             wk = ws[r0 + k]
             for t in range(T):
-                f[k, t] = np.float32(cout[gi, k, t] - corr[t]) / s[t] * wk
+                f[k, t] = np.float32(cout[gi, k, t] - corr[t]) * wk / s[t]
         for t in range(T):
             for k in range(TILE_ROWS):
                 out[t, r0 + k] = f[k, t]
@@ -343,7 +343,7 @@ def amx_tail(W, XG, kind, corr, s, ws, out):
     rows = W.shape[0]
     for r in range(rows // TILE_ROWS * TILE_ROWS, rows):
         for t in range(out.shape[0]):
-            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]
+            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) * ws[r] / s[t]
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -381,7 +381,7 @@ def mm2_amx_wide(W, XG, XB, cfg, corr, s, ws, kind, out):
                     out[t, r0 + k] = np.float32(d[k]) / st * ws[r0 + k]
     for r in range(groups * TILE_ROWS, rows):
         for t in range(T):
-            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]
+            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) * ws[r] / s[t]
 
 
 # -- the screened LM head's int8 screen (runtime/cpu/screen.py) for 2..8 tokens ------------------

@@ -150,12 +150,12 @@ def mm2_vnni_tokens(W, XG, corr, s, ws, kind, out):
                     dk = d[k, j]
                     if done < bpr:
                         dk += _dot2_portable(W[r + k], done, XG[t], done, bpr - done, kind)
-                    out[t, r + k] = np.float32(dk - corr[t]) / s[t] * ws[r + k]
+                    out[t, r + k] = np.float32(dk - corr[t]) * ws[r + k] / s[t]
             t0 += nt
     if rows % 2:
         r = rows - 1
         for t in range(T):
-            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) / s[t] * ws[r]
+            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) * ws[r] / s[t]
 
 
 # -- LM head --------------------------------------------------------------------------------------

@@ -242,7 +242,7 @@ CHUNK_BYTES = 32768
 
 @njit(cache=True, error_model="numpy")
 def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least):
-    """Phase ``ph``: ``out[r] = float32(dot_r - sum q) / s * ws[r]`` (:func:`.kernels.mm2_vnni`,
+    """Phase ``ph``: ``out[r] = float32(dot_r - sum q) * ws[r] / s`` (:func:`.kernels.mm2_vnni`,
     one token); returns when all rows are done.
 
     The row pairs are shared out guided (as OpenMP's ``schedule(guided)``): each take is a
@@ -265,9 +265,9 @@ def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least):
         for p in range(p0, p1):
             r = 2 * p
             d0, d1 = _dot2_vnni_pair(W, r, XG, 0, kind)
-            out[r] = np.float32(d0 - corr) / s * ws[w0 + r]
+            out[r] = np.float32(d0 - corr) * ws[w0 + r] / s
             if r + 1 < rows:
-                out[r + 1] = np.float32(d1 - corr) / s * ws[w0 + r + 1]
+                out[r + 1] = np.float32(d1 - corr) * ws[w0 + r + 1] / s
         finish_run(sync, ph, p1 - p0)
     wait_done(sync, ph, pairs)
 

@@ -258,29 +258,30 @@ def _make_vnni_dot_rows(shifts: tuple[int, ...], nrows: int, prefetch: int = 0):
 
 @intrinsic
 def _vnni_tq2_row(typingctx, w, xg, x_off, x_stride, bsum, bs_off, nblocks):
-    """float32 ``sum_b d_b * (dot_b - bsum[bs_off + b])`` over a tq2_0 row's 66-byte blocks.
+    """float64 ``sum_b d_b * (dot_b - bsum[bs_off + b])`` over a tq2_0 row's 66-byte blocks,
+    exact (:data:`SCALE_SPAN_BITS`).
 
     Block b: codes ``qs = w[66b : 66b+64]`` in slots at bits 0, 2, 4, 6 (masked in place as in
     :func:`_make_vnni_dot`), activations ``xg[x_off + g*x_stride + 64b : +64]``, scale ``d``
-    the f16 at ``w[66b + 64]``. Each block's int32 lanes are scaled by d into float lanes, so
-    there is one horizontal sum per row.
+    the f16 at ``w[66b + 64]``. Each block's int32 lanes are scaled by d into float64 lanes
+    (every product and partial sum exact), so there is one horizontal sum per row.
     """
-    sig = types.float32(w, xg, types.intp, types.intp, bsum, types.intp, types.intp)
+    sig = types.float64(w, xg, types.intp, types.intp, bsum, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
         w_arr, x_arr, x_off, x_stride, b_arr, bs_off, n = args
         wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
         xptr = context.make_array(signature.args[1])(context, builder, x_arr).data
         bptr = context.make_array(signature.args[4])(context, builder, b_arr).data
-        f32, f32x16 = ir.FloatType(), ir.VectorType(ir.FloatType(), 16)
+        f64, f64x16 = ir.DoubleType(), ir.VectorType(ir.DoubleType(), 16)
         vp = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_I32x16, [_I32x16] * 3),
             "llvm.x86.avx512.vpdpbusd.512")
         red = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(f32, [f32, f32x16]), "llvm.vector.reduce.fadd.v16f32")
+            builder.module, ir.FunctionType(f64, [f64, f64x16]), "llvm.vector.reduce.fadd.v16f64")
         zero = ir.Constant(_I32x16, None)
-        facc_p = cgutils.alloca_once_value(builder, ir.Constant(f32x16, None))
-        corr_p = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+        facc_p = cgutils.alloca_once_value(builder, ir.Constant(f64x16, None))
+        corr_p = cgutils.alloca_once_value(builder, ir.Constant(f64, 0.0))
         with cgutils.for_range(builder, n) as loop:
             b = loop.index
             base = builder.mul(b, ir.Constant(n.type, 66))
@@ -298,17 +299,17 @@ def _vnni_tq2_row(typingctx, w, xg, x_off, x_stride, bsum, bs_off, nblocks):
                                   if g else acc)
             dptr = builder.bitcast(builder.gep(wptr, [builder.add(base, ir.Constant(
                 n.type, 64))]), ir.IntType(16).as_pointer())
-            d = builder.fpext(builder.bitcast(builder.load(dptr, align=1), ir.HalfType()), f32)
+            d = builder.fpext(builder.bitcast(builder.load(dptr, align=1), ir.HalfType()), f64)
             dv = builder.shuffle_vector(
-                builder.insert_element(ir.Constant(f32x16, ir.Undefined), d,
+                builder.insert_element(ir.Constant(f64x16, ir.Undefined), d,
                                        ir.Constant(ir.IntType(32), 0)),
-                ir.Constant(f32x16, ir.Undefined), ir.Constant(_I32x16, [0] * 16))
+                ir.Constant(f64x16, ir.Undefined), ir.Constant(_I32x16, [0] * 16))
             builder.store(builder.fadd(builder.load(facc_p), builder.fmul(
-                builder.sitofp(tot, f32x16), dv)), facc_p)
+                builder.sitofp(tot, f64x16), dv)), facc_p)
             bs = builder.load(builder.gep(bptr, [builder.add(bs_off, b)]))
             builder.store(builder.fadd(builder.load(corr_p), builder.fmul(
-                d, builder.sitofp(bs, f32))), corr_p)
-        total = builder.call(red, [ir.Constant(f32, 0.0), builder.load(facc_p)])
+                d, builder.sitofp(bs, f64))), corr_p)
+        total = builder.call(red, [ir.Constant(f64, 0.0), builder.load(facc_p)])
         return builder.fsub(total, builder.load(corr_p))
 
     return sig, codegen
@@ -339,27 +340,28 @@ def _load_vec(builder, ptr, off, vt):
 
 @intrinsic
 def _vnni_tq1_row(typingctx, w, x, x_off, bsum, bs_off, nblocks):
-    """float32 ``sum_b d_b * (dot_b - bsum[bs_off + b])`` over a tq1_0 row's 54-byte blocks.
+    """float64 ``sum_b d_b * (dot_b - bsum[bs_off + b])`` over a tq1_0 row's 54-byte blocks,
+    exact (:data:`SCALE_SPAN_BITS`).
 
     Digits are decoded in uint8 lanes (``q*3`` by two adds) and meet contiguous activations:
     qs[0:32] digit k holds elements 32k + m (256-bit vpdpbusd); qs[32:48] digit k elements
     160 + 16k + m (128-bit); qh[0:4] is spread to 16 lanes 4k + m, times 3**k, which hold
     elements 240 + 4k + m (128-bit).
     """
-    sig = types.float32(w, x, types.intp, bsum, types.intp, types.intp)
+    sig = types.float64(w, x, types.intp, bsum, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
         w_arr, x_arr, x_off, b_arr, bs_off, n = args
         wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
         xptr = context.make_array(signature.args[1])(context, builder, x_arr).data
         bptr = context.make_array(signature.args[3])(context, builder, b_arr).data
-        f32 = ir.FloatType()
+        f64 = ir.DoubleType()
         v32, v16, v4 = (ir.VectorType(ir.IntType(8), k) for k in (32, 16, 4))
         a8, a4 = ir.VectorType(ir.IntType(32), 8), ir.VectorType(ir.IntType(32), 4)
         red8, red4 = (cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.IntType(32), [t]),
             f"llvm.vector.reduce.add.v{t.count}i32") for t in (a8, a4))
-        acc_p = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+        acc_p = cgutils.alloca_once_value(builder, ir.Constant(f64, 0.0))
 
         def at(base, k):
             return builder.add(base, ir.Constant(n.type, k))
@@ -389,10 +391,10 @@ def _vnni_tq1_row(typingctx, w, x, x_off, bsum, bs_off, nblocks):
                             _load_vec(builder, xptr, at(xb, 240), v16))
             dot = builder.add(builder.call(red8, [acc8]), builder.call(red4, [acc4]))
             dptr = builder.bitcast(builder.gep(wptr, [at(base, 52)]), ir.IntType(16).as_pointer())
-            d = builder.fpext(builder.bitcast(builder.load(dptr, align=1), ir.HalfType()), f32)
+            d = builder.fpext(builder.bitcast(builder.load(dptr, align=1), ir.HalfType()), f64)
             bs = builder.load(builder.gep(bptr, [builder.add(bs_off, b)]))
             builder.store(builder.fadd(builder.load(acc_p), builder.fmul(
-                d, builder.sitofp(builder.sub(dot, bs), f32))), acc_p)
+                d, builder.sitofp(builder.sub(dot, bs), f64))), acc_p)
         return builder.load(acc_p)
 
     return sig, codegen
@@ -501,7 +503,7 @@ def _dot2_vnni_pair(W, r, XG, t, kind):
 
 # -- per-tensor-scale 2-bit formats: i2_s, stfma, colpack_u32 ------------------------------------
 def mm2_portable(W, XG, corr, s, ws, kind, out):
-    """out[t, r] = float32(sum_m code*XG - corr[t]) / s[t] * ws[r] for row bytes ``W[r]``.
+    """out[t, r] = float32(float32(sum_m code*XG - corr[t]) * ws[r]) / s[t] for row bytes ``W[r]``.
 
     ``ws`` holds each row's tensor scale (float32 [rows]), so matrices stacked by rows (q, k
     and v of a layer, read in one call) keep their own scales. One compiled kernel per
@@ -517,7 +519,7 @@ def _mm2_portable_row(W, r, XG, corr, s, ws, kind, out):
     wr = W[r]
     for t in range(out.shape[0]):
         d = _dot2_portable(wr, 0, XG[t], 0, W.shape[1], kind)
-        out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+        out[t, r] = np.float32(d - corr[t]) * ws[r] / s[t]
 
 
 @njit(parallel=True, cache=True)
@@ -554,9 +556,9 @@ def mm2_vnni(W, XG, corr, s, ws, kind, out):
         r = 2 * p
         for t in range(out.shape[0]):
             d0, d1 = _dot2_vnni_pair(W, r, XG, t, kind)
-            out[t, r] = np.float32(d0 - corr[t]) / s[t] * ws[r]
+            out[t, r] = np.float32(d0 - corr[t]) * ws[r] / s[t]
             if r + 1 < rows:
-                out[t, r + 1] = np.float32(d1 - corr[t]) / s[t] * ws[r + 1]
+                out[t, r + 1] = np.float32(d1 - corr[t]) * ws[r + 1] / s[t]
 
 
 @njit(parallel=True, cache=True)
@@ -581,26 +583,28 @@ def mm2_vnni_prompt(W, XG, corr, s, ws, kind, out):
                 dk = d[k]
                 if done < bpr:
                     dk += _dot2_portable(W[r + k], done, XG[t], done, bpr - done, kind)
-                out[t, r + k] = np.float32(dk - corr[t]) / s[t] * ws[r + k]
+                out[t, r + k] = np.float32(dk - corr[t]) * ws[r + k] / s[t]
     for r in prange(groups * R, rows):
         wr = W[r]
         for t in range(out.shape[0]):
             d1 = _dot2_vnni(wr, XG, t, kind)
-            out[t, r] = np.float32(d1 - corr[t]) / s[t] * ws[r]
+            out[t, r] = np.float32(d1 - corr[t]) * ws[r] / s[t]
 
 
 # -- tq2_0: 66-byte blocks, qs[64] then f16 d ------------------------------------------------------
 @njit(parallel=True, cache=True)
 def tq2_portable(W, XG, bsum, s, out):
-    """out[t, r] = sum_b d_b * float32(dot_b - bsum[t, b]) / s[t] over the row's blocks."""
+    """out[t, r] = float32(sum_b d_b * (dot_b - bsum[t, b])) / s[t] over the row's blocks, the
+    sum exact in float64 (:mod:`..backend`, "One arithmetic for every container")."""
     for r in prange(W.shape[0]):
         wr = W[r]
         for t in range(out.shape[0]):
-            acc = np.float32(0.0)
+            acc = np.float64(0.0)
             for b in range(bsum.shape[1]):
                 d = _dot2_portable(wr, b * 66, XG[t], b * 64, 64, KIND_LOW)
-                acc += _f16(wr[b * 66 + 64], wr[b * 66 + 65]) * np.float32(d - bsum[t, b])
-            out[t, r] = acc / s[t]
+                acc += np.float64(_f16(wr[b * 66 + 64], wr[b * 66 + 65])) * np.float64(
+                    d - bsum[t, b])
+            out[t, r] = np.float32(acc) / s[t]
 
 
 @njit(parallel=True, cache=True)
@@ -609,7 +613,8 @@ def tq2_vnni(W, XG, bsum, s, out):
     for r in prange(W.shape[0]):
         wr = W[r]
         for t in range(out.shape[0]):
-            out[t, r] = _vnni_tq2_row(wr, XG, t * 4 * bpr, bpr, bsum, t * nb, nb) / s[t]
+            out[t, r] = np.float32(_vnni_tq2_row(wr, XG, t * 4 * bpr, bpr, bsum, t * nb, nb)
+                                   ) / s[t]
 
 
 # -- tq1_0: 54-byte blocks, base-3 qs[48] + qh[4], then f16 d --------------------------------------
@@ -639,13 +644,13 @@ def tq1_portable(W, Q, bsum, s, out):
         wr = W[r]
         for t in range(out.shape[0]):
             qt = Q[t]
-            acc = np.float32(0.0)
+            acc = np.float64(0.0)
             for b in range(bsum.shape[1]):
                 o, x0 = b * 54, b * 256
                 d = (_tq1_group(wr, o, qt, x0, 32, 5) + _tq1_group(wr, o + 32, qt, x0 + 160, 16, 5)
                      + _tq1_group(wr, o + 48, qt, x0 + 240, 4, 4))
-                acc += _f16(wr[o + 52], wr[o + 53]) * np.float32(d - bsum[t, b])
-            out[t, r] = acc / s[t]
+                acc += np.float64(_f16(wr[o + 52], wr[o + 53])) * np.float64(d - bsum[t, b])
+            out[t, r] = np.float32(acc) / s[t]
 
 
 @njit(parallel=True, cache=True)
@@ -654,22 +659,22 @@ def tq1_vnni(W, Q, bsum, s, out):
     for r in prange(W.shape[0]):
         wr = W[r]
         for t in range(out.shape[0]):
-            out[t, r] = _vnni_tq1_row(wr, Q, t * cols, bsum, t * nb, nb) / s[t]
+            out[t, r] = np.float32(_vnni_tq1_row(wr, Q, t * cols, bsum, t * nb, nb)) / s[t]
 
 
 # -- q2_0: 18-byte blocks of 64 values, f16 d then qs[16] (element 4m + g at bits 2g) ------------
 @njit(parallel=True, cache=True)
 def q2_portable(W, XG, bsum, s, lut, out):
-    """out[t, r] = sum_b d_b * float32(dot_b - bsum[t, b]) / s[t]; ``XG`` in the "plain"
-    layout, ``bsum`` the activation sums over 64-value blocks, ``lut`` float32[65536] of
-    every f16 pattern (:func:`.head.lut16`). One pass over a block's 16 bytes reads all four
-    slots (four loops of 16 would not vectorize)."""
+    """out[t, r] = float32(sum_b d_b * (dot_b - bsum[t, b])) / s[t], the sum exact in float64;
+    ``XG`` in the "plain" layout, ``bsum`` the activation sums over 64-value blocks, ``lut``
+    float32[65536] of every f16 pattern (:func:`.head.lut16`). One pass over a block's 16
+    bytes reads all four slots (four loops of 16 would not vectorize)."""
     nb = bsum.shape[1]
     for r in prange(W.shape[0]):
         wr = W[r]
         for t in range(out.shape[0]):
             x0, x1, x2, x3 = XG[t, 0], XG[t, 1], XG[t, 2], XG[t, 3]
-            acc = np.float32(0.0)
+            acc = np.float64(0.0)
             for b in range(nb):
                 o, xo = b * 18 + 2, b * 16
                 d = np.int32(0)
@@ -680,21 +685,21 @@ def q2_portable(W, XG, bsum, s, lut, out):
                                  + ((w >> 4) & 3) * np.int32(x2[xo + m])
                                  + ((w >> 6) & 3) * np.int32(x3[xo + m]))
                 h = np.int32(wr[b * 18]) | (np.int32(wr[b * 18 + 1]) << 8)
-                acc += lut[h] * np.float32(d - bsum[t, b])
-            out[t, r] = acc / s[t]
+                acc += np.float64(lut[h]) * np.float64(d - bsum[t, b])
+            out[t, r] = np.float32(acc) / s[t]
 
 
 # -- iq2_bn: a row is its f32 scale, then 16-byte blocks (element 16g + m at bits 2g of byte m) ---
 @njit(parallel=True, cache=True)
 def iq2bn_portable(W, XG, corr, s, ws, out):
-    """out[t, r] = float32(dot - corr[t]) / s[t] * ws[r]; ``XG`` in the "arm64" layout (the
+    """out[t, r] = float32(float32(dot - corr[t]) * ws[r]) / s[t]; ``XG`` in the "arm64" layout (the
     same slot order), ``ws`` the rows' scales (read from their first 4 bytes at load)."""
     rows, bpr = W.shape
     for r in prange(rows):
         wr = W[r]
         for t in range(out.shape[0]):
             d = _dot2_portable(wr, 4, XG[t], 0, bpr - 4, KIND_LOW)
-            out[t, r] = np.float32(d - corr[t]) / s[t] * ws[r]
+            out[t, r] = np.float32(d - corr[t]) * ws[r] / s[t]
 
 
 # -- iq1_bn: a row is its f16 scale, then 13-byte blocks: ql[12] (5 digits), extra (4) ----------
@@ -729,7 +734,7 @@ def iq1bn_portable(W, Q, corr, s, ws, out):
                             acc = np.int32(acc + _digit(byte, _IQ1_MULT[j]) * np.int32(qt[e + j]))
                     acc = np.int32(acc + _digit(wr[o + 12], _IQ1_MULT[i])
                                    * np.int32(qt[x0 + 16 * i + 15]))
-            out[t, r] = np.float32(acc - corr[t]) / s[t] * ws[r]
+            out[t, r] = np.float32(acc - corr[t]) * ws[r] / s[t]
 
 
 # -- any shape: int8 trits decoded at load (fallback for layouts without a kernel) ------------
@@ -745,7 +750,7 @@ def _dot8(a, b, j0, n):
 
 @njit(parallel=True, cache=True)
 def mm_trits(T8, scales, Q, s, out):
-    """out[t, r] = sum_b scales[r, b] * float32(sum trit*q over block b) / s[t].
+    """out[t, r] = float32(sum_b scales[r, b] * (sum trit*q over block b)) / s[t], exact in float64.
 
     ``scales`` is float32 [rows, n_blocks] (n_blocks = 1 for a per-tensor scale).
     """
@@ -755,7 +760,7 @@ def mm_trits(T8, scales, Q, s, out):
     for r in prange(rows):
         tr = T8[r]
         for t in range(out.shape[0]):
-            acc = np.float32(0.0)
+            acc = np.float64(0.0)
             for b in range(nb):
-                acc += scales[r, b] * np.float32(_dot8(tr, Q[t], b * bl, bl))
-            out[t, r] = acc / s[t]
+                acc += np.float64(scales[r, b]) * np.float64(_dot8(tr, Q[t], b * bl, bl))
+            out[t, r] = np.float32(acc) / s[t]

@@ -296,14 +296,14 @@ def _lanes(words, word_off, lrows, k, p, m0, cls, dec, tab, s, ws, out, g0):
                 a5 += np.int32(tab[x5, m])
                 a6 += np.int32(tab[x6, m])
                 a7 += np.int32(tab[x7, m])
-        out[0, lrows[r]] = np.float32(a0) / s[0] * ws
-        out[0, lrows[r + k]] = np.float32(a1) / s[0] * ws
-        out[0, lrows[r + 2 * k]] = np.float32(a2) / s[0] * ws
-        out[0, lrows[r + 3 * k]] = np.float32(a3) / s[0] * ws
-        out[0, lrows[r + 4 * k]] = np.float32(a4) / s[0] * ws
-        out[0, lrows[r + 5 * k]] = np.float32(a5) / s[0] * ws
-        out[0, lrows[r + 6 * k]] = np.float32(a6) / s[0] * ws
-        out[0, lrows[r + 7 * k]] = np.float32(a7) / s[0] * ws
+        out[0, lrows[r]] = np.float32(a0) * ws / s[0]
+        out[0, lrows[r + k]] = np.float32(a1) * ws / s[0]
+        out[0, lrows[r + 2 * k]] = np.float32(a2) * ws / s[0]
+        out[0, lrows[r + 3 * k]] = np.float32(a3) * ws / s[0]
+        out[0, lrows[r + 4 * k]] = np.float32(a4) * ws / s[0]
+        out[0, lrows[r + 5 * k]] = np.float32(a5) * ws / s[0]
+        out[0, lrows[r + 6 * k]] = np.float32(a6) * ws / s[0]
+        out[0, lrows[r + 7 * k]] = np.float32(a7) * ws / s[0]
 
 
 @njit(**_JIT)
@@ -319,12 +319,12 @@ def _one(words, word_off, lrows, k, p, m0, cls, dec, tab, s, ws, out, g):
             for mi in range(m0[j], m0[j + 1]):
                 x, st, pos = _step(st, pos, lo, words, d)
                 acc += np.int32(tab[x, np.uintp(mi)])
-        out[0, lrows[r]] = np.float32(acc) / s[0] * ws
+        out[0, lrows[r]] = np.float32(acc) * ws / s[0]
 
 
 @njit(parallel=True, **_JIT)
 def rans_mv(words, word_off, lrows, k, p, m0, cls, dec, tab, s, ws, out):
-    """One token: ``out[0, row] = float32(sum trit * q) / s[0] * ws`` for every live row.
+    """One token: ``out[0, row] = float32(sum trit * q) * ws / s[0]`` for every live row.
 
     ``tab`` is :func:`dot_table` of the token's live activations; dead rows are left as they
     are (the caller zeroes ``out``).
@@ -371,7 +371,7 @@ def rans_mm(words, word_off, lrows, k, p, m0, cls, dec, digits, XL, s, ws, out):
                     for c in range(group):
                         row[m * group + c] = digits[x, c]
             for t in range(XL.shape[0]):
-                out[t, lrows[r]] = np.float32(_dot8(row, XL, t, n)) / s[t] * ws
+                out[t, lrows[r]] = np.float32(_dot8(row, XL, t, n)) * ws / s[t]
 
 
 def symbol_digits(group: int) -> np.ndarray:

@@ -4,7 +4,7 @@
 // code (rows_<format>.wgsl, pasted as ROWS_INCLUDE), LPR lanes of a subgroup per row, reduced
 // by subgroup shuffles, and finishes each row:
 //
-//     v_r = row_value(row_dot(r)) * scale(r) * out_scale(r)
+//     v_r = row_value(row_dot(r), scale(r)) * out_scale(r)   (dot * scale / s: docs/model.md §2)
 //     MODE 0: Y[r] = v_r        MODE 1: Y[r] = Y[r] + v_r (the residual)
 //     MODE 2: Y[r] = act(v_gate_r) * v_up_r    (gate rows, then up rows from word P.bound.w)
 //
@@ -81,13 +81,13 @@ fn store(r: u32, acc: vec2<f32>) {
     let o = P.bound.z + r;
     let y = ybase + o;
     if (MODE == 2u) {
-        let gate = row_value(acc.x) * P.scale.x * P.oscale.x;
-        let up = row_value(acc.y) * P.scale.w * P.oscale.w;
+        let gate = row_value(acc.x, P.scale.x) * P.oscale.x;
+        let up = row_value(acc.y, P.scale.w) * P.oscale.w;
         Y[y] = act(gate) * up;
         return;
     }
     let sc = seg_scale(o);
-    let v = row_value(acc.x) * sc.x * sc.y;
+    let v = row_value(acc.x, sc.x) * sc.y;
     if (MODE == 0u) {
         Y[y] = v;
     } else {

@@ -1,4 +1,4 @@
-// matvec_colpack_u32.wgsl: y = (sum_k t[r,k] q[k]) / s * scale for a colpack_u32 matrix (the
+// matvec_colpack_u32.wgsl: y = (sum_k t[r,k] q[k]) * scale / s for a colpack_u32 matrix (the
 // bitnet-webgpu-poc layout), decoded from its words in registers.
 //
 // Bindings (group 0):

@@ -62,8 +62,8 @@ fn finish(li: u32, r: u32, lane: u32, acc: vec2<f32>) {
         }
     }
     if (lane == 0u && r < ROWS) {
-        store(r, vec2<f32>(row_value(v.x) * P.scale * P.out_scale,
-                           row_value(v.y) * P.scale2 * P.out_scale2));
+        store(r, vec2<f32>(row_value(v.x, P.scale) * P.out_scale,
+                           row_value(v.y, P.scale2) * P.out_scale2));
     }
 }
 

@@ -1,4 +1,4 @@
-// matvec_i2_s.wgsl: y = (sum_k t[r,k] q[k]) / s * scale for an i2_s matrix (bitnet.cpp I2_S),
+// matvec_i2_s.wgsl: y = (sum_k t[r,k] q[k]) * scale / s for an i2_s matrix (bitnet.cpp I2_S),
 // decoded from its packed words in registers.
 //
 // Bindings (group 0):

@@ -1,4 +1,4 @@
-// matvec_stfma.wgsl: y = (sum_k t[r,k] q[k]) / s * scale for an stfma matrix (16 trits per u32,
+// matvec_stfma.wgsl: y = (sum_k t[r,k] q[k]) * scale / s for an stfma matrix (16 trits per u32,
 // code = trit + 1), decoded from its words in registers.
 //
 // Bindings (group 0):

@@ -35,5 +35,5 @@ struct RansParams {
 }
 
 fn out_value(acc: i32, s: f32) -> f32 {
-    return f32(acc) / s * RP.scale * RP.out_scale;
+    return f32(acc) * RP.scale / s * RP.out_scale;
 }

@@ -1,4 +1,4 @@
-// rans_matvec.wgsl: y = (sum_k t[r,k] q[k]) / s * scale for a rans matrix, decoding its rANS
+// rans_matvec.wgsl: y = (sum_k t[r,k] q[k]) * scale / s for a rans matrix, decoding its rANS
 // streams in registers: one invocation (lane) per stream, the 64-bit coder state as two u32.
 //
 // Bindings (group 0):

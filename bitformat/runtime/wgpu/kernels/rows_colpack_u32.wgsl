@@ -51,7 +51,7 @@ fn row_dot_pre(p: Pre, base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
     return row_dot(base, r, lane, lanes);
 }
 
-// the row's value before its per-tensor scale (the codes are signed trits already)
-fn row_value(acc: f32) -> f32 {
-    return acc / x_s();
+// the row's value: dot * scale / s (one arithmetic, runtime/backend.py; signed trits)
+fn row_value(acc: f32, scale: f32) -> f32 {
+    return acc * scale / x_s();
 }

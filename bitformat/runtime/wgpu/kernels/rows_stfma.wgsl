@@ -43,7 +43,8 @@ fn row_dot_pre(p: Pre, base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
     return row_dot(base, r, lane, lanes);
 }
 
-// the row's value before its per-tensor scale (codes are trit + 1, so sum(t q) = sum(c q) - sum(q))
-fn row_value(acc: f32) -> f32 {
-    return (acc - f32(x_sum())) / x_s();
+// the row's value: dot * scale / s (one arithmetic, runtime/backend.py); codes are trit + 1,
+// so sum(t q) = sum(c q) - sum(q)
+fn row_value(acc: f32, scale: f32) -> f32 {
+    return (acc - f32(x_sum())) * scale / x_s();
 }

@@ -75,7 +75,8 @@ fn row_dot_pre(p: Pre, base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
     return row_dot(base, r, lane, lanes);
 }
 
-// the row's value before its per-tensor scale (the blocks' d are inside the sum)
-fn row_value(acc: f32) -> f32 {
+// the row's value: the blocks' d are inside the sum (in float32: WGSL has no float64, so
+// unlike the cpu backend the rounding depends on the order; docs/model.md §2), then / s
+fn row_value(acc: f32, scale: f32) -> f32 {
     return acc / x_s();
 }
