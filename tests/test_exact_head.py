@@ -59,7 +59,7 @@ def cpu_head_backend(E: np.ndarray, gtype: str = "F16", kernel: str | None = Non
 def kernels():
     from bitformat.runtime.cpu import kernels as K
 
-    return ["vnni", "portable"] if K.kernel_mode() == "vnni" else ["portable"]
+    return K.builds_here()
 
 
 def screens():

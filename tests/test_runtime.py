@@ -33,6 +33,7 @@ from bitformat.errors import RequestError, UnsupportedConversionError
 from bitformat.formats import FORMAT_IDS
 from bitformat.runtime import ModelArgs, load, make_sampler
 from bitformat.runtime.backend import QuantizedActivations, quantize_activations
+from bitformat.runtime.cpu.kernels import KERNEL_BUILDS, builds_here
 from bitformat.runtime.models import base as model_mod
 
 PROMPT = [5, 17, 300, 42, 7, 99, 480, 1, 250, 33, 64, 128]
@@ -204,14 +205,13 @@ def test_greedy_identical_everywhere(tiny, cpu_models):
 
 
 # -- kernels, per matrix ---------------------------------------------------------------------------
-@pytest.mark.parametrize("kernel", ["vnni", "portable"])
+@pytest.mark.parametrize("kernel", list(KERNEL_BUILDS))
 def test_kernels_match_numpy_with_shared_input(tiny, kernel):
     from bitformat.runtime.cpu.backend import CpuBackend
-    from bitformat.runtime.cpu.kernels import kernel_mode
     from bitformat.runtime.numpy_backend import NumpyBackend
 
-    if kernel == "vnni" and kernel_mode() != "vnni":
-        pytest.skip("vnni kernels not selected (no AVX512-VNNI, or BITFORMAT_CPU_KERNEL)")
+    if kernel not in builds_here():
+        pytest.skip(f"this CPU does not run the {kernel} kernel build")
     rng = np.random.default_rng(0)
     for fid, path in tiny.items():
         with open_model(path) as c:
@@ -227,7 +227,7 @@ def test_kernels_match_numpy_with_shared_input(tiny, kernel):
             assert rel_err(cpu.lm_head(h), ref.lm_head(h)) < 1e-5
 
 
-@pytest.mark.parametrize("kernel", ["vnni", "portable"])
+@pytest.mark.parametrize("kernel", list(KERNEL_BUILDS))
 @pytest.mark.parametrize("fid,shape", [("i2_s", (5, 384)), ("i2_s", (9, 1024)),
                                        ("i2_s_arm64", (3, 320)), ("stfma", (7, 100)),
                                        ("stfma", (10, 640)),
@@ -239,8 +239,8 @@ def test_kernel_tails_and_padding(fid, shape, kernel):
     from bitformat.runtime.cpu import kernels as K
     from bitformat.ternary import TernaryTensor
 
-    if kernel == "vnni" and K.kernel_mode() != "vnni":
-        pytest.skip("vnni kernels not selected (no AVX512-VNNI, or BITFORMAT_CPU_KERNEL)")
+    if kernel not in builds_here():
+        pytest.skip(f"this CPU does not run the {kernel} kernel build")
     rng = np.random.default_rng(1)
     rows, cols = shape
     trits = rng.integers(-1, 2, shape).astype(np.int8)
@@ -260,16 +260,15 @@ def test_kernel_tails_and_padding(fid, shape, kernel):
     raw = fmt.encode(t).view(np.uint8)
     raw.setflags(write=False)  # as memory-mapped files are: the same compiled specialisation
     out = np.zeros((2, rows), np.float32)
-    vnni = kernel == "vnni"
     if fid in ("tq2_0", "tq1_0"):
         W, bs = raw.reshape(rows, -1), K.block_sums(q)
         if fid == "tq2_0":
-            (K.tq2_vnni if vnni else K.tq2_portable)(W, K.slot_activations(q, "x86", cols), bs, s,
-                                                     out)
+            getattr(K, f"tq2_{kernel}")(W, K.slot_activations(q, "x86", cols), bs, s, out)
         else:
-            (K.tq1_vnni if vnni else K.tq1_portable)(W, q, bs, s, out)
-        want = (t.dense(np.float64) @ q.T.astype(np.float64)).T / s[:, None]
-        assert rel_err(out, want) < 1e-6
+            getattr(K, f"tq1_{kernel}")(W, q, bs, s, out)
+        # one arithmetic (docs/model.md §2): the block sum exact, rounded once, then / s
+        acc = (t.dense(np.float64) @ q.T.astype(np.float64)).T
+        np.testing.assert_array_equal(out, acc.astype(np.float32) / s[:, None])
         return
     if fid == "i2_s":
         W, kind = raw[: rows * cols // 4].reshape(rows, -1), K.KIND_I2S
@@ -281,21 +280,21 @@ def test_kernel_tails_and_padding(fid, shape, kernel):
     xg = K.slot_activations(q, layout, W.shape[1] * 4)
     exact = (trits.astype(np.int64) @ q.T.astype(np.int64)).T
     want = exact.astype(np.float32) * ws / s[:, None]
-    kernels = [K.mm2_vnni, K.mm2_vnni_prompt] if vnni else [K.mm2_portable]
+    kernels = {"vnni": [K.mm2_vnni, K.mm2_vnni_prompt], "avx2": [K.mm2_avx2],
+               "portable": [K.mm2_portable]}[kernel]
     for kern in kernels:  # the prompt kernel: 4 rows a pass, leftover rows one at a time
         out[:] = np.nan
         kern(W, xg, corr, s, ws, kind, out)
         np.testing.assert_array_equal(out, want, err_msg=kern.__name__)
 
 
-@pytest.mark.parametrize("kernel", ["vnni", "portable"])
+@pytest.mark.parametrize("kernel", list(KERNEL_BUILDS))
 @pytest.mark.parametrize("gtype", ["F32", "F16", "BF16"])
 def test_lm_head_kernels(gtype, kernel):
     from bitformat.runtime.cpu import head as H
-    from bitformat.runtime.cpu import kernels as K
 
-    if kernel == "vnni" and K.kernel_mode() != "vnni":
-        pytest.skip("vnni kernels not selected (no AVX512-VNNI, or BITFORMAT_CPU_KERNEL)")
+    if kernel not in builds_here():
+        pytest.skip(f"this CPU does not run the {kernel} kernel build")
     rng = np.random.default_rng(2)
     E = rng.standard_normal((300, 96)).astype(np.float32)
     x = rng.standard_normal((2, 96)).astype(np.float32)
@@ -308,7 +307,7 @@ def test_lm_head_kernels(gtype, kernel):
                 else (E.view(np.uint32) >> 16).astype(np.uint16))
         bits.setflags(write=False)
         E = H.lut16(gtype)[bits]
-        if kernel == "portable":
+        if kernel != "vnni":  # the avx2 build runs the portable head
             H.lm_head_lut(bits, H.lut16(gtype), x, out)
         else:
             (H.lm_head_f16 if gtype == "F16" else H.lm_head_bf16)(bits, x, out)
@@ -321,8 +320,17 @@ def test_kernel_mode_env(monkeypatch):
     monkeypatch.setenv(K.ENV_VAR, "portable")
     assert K.kernel_mode() == "portable"
     monkeypatch.setenv(K.ENV_VAR, "fastest")
-    with pytest.raises(UnsupportedConversionError, match="auto, vnni or portable"):
+    with pytest.raises(UnsupportedConversionError, match="auto, vnni, avx2, portable"):
         K.kernel_mode()
+    for build in K.KERNEL_BUILDS:
+        monkeypatch.setenv(K.ENV_VAR, build)
+        if build in K.builds_here():
+            assert K.kernel_mode() == build
+        else:
+            with pytest.raises(UnsupportedConversionError, match="lacks one of"):
+                K.kernel_mode()
+    monkeypatch.setenv(K.ENV_VAR, "auto")
+    assert K.kernel_mode() == K.builds_here()[0]
 
 
 # -- generation API --------------------------------------------------------------------------------
@@ -510,18 +518,17 @@ def _rans_exact(w, trits, q, s):
     return exact * np.float32(w.scale) / s[:, None]
 
 
-@pytest.mark.parametrize("kernel", ["vnni", "portable"])
+@pytest.mark.parametrize("kernel", list(KERNEL_BUILDS))
 def test_rans_cpu_holds_only_container_words(tiny, kernel):
     """The backend keeps a view of the tensor's words plus index arrays a fraction of its size
     (no int8 trits), and every mat-vec matches the numpy backend exactly, for 1 token (a dot
     table per token), 3 (one decode per token) and 6 (one decode, row buffer)."""
     from bitformat.runtime.cpu import rans as KR
     from bitformat.runtime.cpu.backend import CpuBackend
-    from bitformat.runtime.cpu.kernels import kernel_mode
     from bitformat.runtime.numpy_backend import NumpyBackend
 
-    if kernel == "vnni" and kernel_mode() != "vnni":
-        pytest.skip("vnni kernels not selected (no AVX512-VNNI, or BITFORMAT_CPU_KERNEL)")
+    if kernel not in builds_here():
+        pytest.skip(f"this CPU does not run the {kernel} kernel build")
     rng = np.random.default_rng(5)
     with open_model(tiny["rans"]) as c:
         cpu, ref = CpuBackend(c, kernel=kernel, decode="fused"), NumpyBackend(c)

@@ -5,8 +5,8 @@ Each kernel computes ``float32(float32(sum_b d_b * isum_b) / s)`` with the block
 a per-tensor scale (i2_s, stfma, colpack_u32, rans), the same value repeated in every 256- or
 64-value block (TQ2_0, tq1_0, Q2_0) or in every row (iq2_bn, iq1_bn) gives the same float32.
 Checked for every family's tiny preset and for one layer at the 2B-4T widths (2,560 and 6,912
-columns: 10 and 27 blocks a row), greedy and with a seeded sampler, on each cpu kernel this
-machine runs and both ways of running a rans file.
+columns: 10 and 27 blocks a row), greedy and with a seeded sampler, on each cpu kernel build
+this machine runs (vnni, avx2, portable) and both ways of running a rans file.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from bitformat.container import convert
 from bitformat.formats import FORMAT_IDS
 from bitformat.runtime import load
-from bitformat.runtime.cpu.kernels import ENV_VAR, kernel_mode
+from bitformat.runtime.cpu.kernels import ENV_VAR, KERNEL_BUILDS, builds_here
 from bitformat.synth import PRESETS, synth
 
 PROMPT = [5, 17, 300, 42, 7, 99, 480, 1, 250, 33, 64, 128]
@@ -78,16 +78,17 @@ def _assert_same(runs: dict, what: str) -> None:
             assert got == want, f"{what}: {key} gave {got}, {first} gave {want}"
 
 
-#: numpy, the cpu backend's portable kernels, and its vnni kernels where this CPU has them
-BACKENDS = ["numpy", "cpu-portable", "cpu-vnni"]
+#: numpy, and the cpu backend with each kernel build this CPU runs
+BACKENDS = ["numpy", *(f"cpu-{b}" for b in KERNEL_BUILDS)]
 
 
 def _backend(name: str, monkeypatch) -> str:
-    if name == "cpu-vnni" and kernel_mode() != "vnni":
-        pytest.skip("no AVX512-VNNI here (or BITFORMAT_CPU_KERNEL is set)")
-    if name == "cpu-portable":
-        monkeypatch.setenv(ENV_VAR, "portable")
-    return name.split("-")[0]
+    backend, _, build = name.partition("-")
+    if build:
+        if build not in builds_here():
+            pytest.skip(f"this CPU does not run the {build} kernel build")
+        monkeypatch.setenv(ENV_VAR, build)
+    return backend
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -124,8 +125,7 @@ def test_bitlinear_same_bits_every_container(wide_containers):
             if qa is None:
                 qa = quantize_activations(rng.standard_normal((3, cols)).astype(np.float32))
             bes = [("numpy", NumpyBackend(c))]
-            bes += [(f"cpu-{k}", CpuBackend(c, kernel=k, decode="fused"))
-                    for k in ("portable", "vnni") if k == "portable" or kernel_mode() == "vnni"]
+            bes += [(f"cpu-{k}", CpuBackend(c, kernel=k, decode="fused")) for k in builds_here()]
             for label, be in bes:
                 outs[fid, label] = be.bitlinear(qa, be.weight(name))
     for label in {lab for _, lab in outs}:

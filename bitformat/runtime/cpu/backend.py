@@ -2,7 +2,7 @@
 
 Float32 throughout. BitLinear runs one kernel per container (:mod:`.kernels`,
 :mod:`.rans`) with int8 activations and int32 sums, reading the container's bytes on
-every call; the kernel build (``vnni`` or ``portable``) is chosen once per process
+every call; the kernel build (``vnni``, ``avx2`` or ``portable``) is chosen once per process
 (:func:`~.kernels.kernel_mode`). Nothing is decoded ahead: the 2-bit, TQ and stfma bytes
 are copied as they are into one arena in the order a token reads them (:class:`WeightArena`:
 huge pages, one stream), so q, k and v (and gate and up) can run as one stacked matrix, and
@@ -183,11 +183,14 @@ class CpuBackend(Backend):
             {} if threads is None and self.threads > 1 else None)
         self._threads_now = 0  # numba's setting is per Python thread: set on first use
         self.kernel = kernel or K.kernel_mode()
-        vnni = self.kernel == "vnni"
-        self._mm2 = K.mm2_vnni if vnni else K.mm2_portable
-        self._mm2_prompt = K.mm2_vnni_prompt if vnni else K.mm2_portable
-        self._tq2 = K.tq2_vnni if vnni else K.tq2_portable
-        self._tq1 = K.tq1_vnni if vnni else K.tq1_portable
+        vnni, avx2 = self.kernel == "vnni", self.kernel == "avx2"
+        self._mm2 = K.mm2_vnni if vnni else K.mm2_avx2 if avx2 else K.mm2_portable
+        self._mm2_prompt = (K.mm2_vnni_prompt if vnni else K.mm2_avx2 if avx2
+                            else K.mm2_portable)
+        self._tq2 = K.tq2_vnni if vnni else K.tq2_avx2 if avx2 else K.tq2_portable
+        self._tq1 = K.tq1_vnni if vnni else K.tq1_avx2 if avx2 else K.tq1_portable
+        self._iq2bn = K.iq2bn_avx2 if avx2 else K.iq2bn_portable
+        self._q2 = K.q2_avx2 if avx2 else K.q2_portable
         # a batched decode step (2..BATCH_TOKENS rows) and the LM head of any rows: batch.py
         self._mm2_tokens = B.mm2_vnni_tokens if vnni else None
         self._head_tokens = B.lm_head_tokens if vnni else None
@@ -533,6 +536,8 @@ class CpuBackend(Backend):
                       else self._mm2_prompt)
             if kernel is K.mm2_portable:  # its compiled kernel for this layout
                 kernel = K.MM2_PORTABLE[w.kind]
+            elif kernel is K.mm2_avx2:
+                kernel = K.MM2_AVX2[w.kind]
             self._call(kernel, w.data.nbytes, w.data, xg, corr, s, w.scale, w.kind, out)
         elif enc == "tq2_0":
             xg = self._derived(qa, "x86", w.cols)
@@ -544,11 +549,11 @@ class CpuBackend(Backend):
             xg = self._derived(qa, "plain", w.cols)
             if self._lut_f16 is None:
                 self._lut_f16 = H.lut16("F16")
-            self._call(K.q2_portable, w.data.nbytes, w.data, xg, self._derived(qa, "blocks", 64),
+            self._call(self._q2, w.data.nbytes, w.data, xg, self._derived(qa, "blocks", 64),
                        s, self._lut_f16, out)
         elif enc == "iq2_bn":
             xg = self._derived(qa, "arm64", w.cols)
-            self._call(K.iq2bn_portable, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,
+            self._call(self._iq2bn, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,
                        w.scale, out)
         elif enc == "iq1_bn":
             self._call(K.iq1bn_portable, w.data.nbytes, w.data, qa.q, self._derived(qa, "sum"),
@@ -703,9 +708,12 @@ class CpuBackend(Backend):
         if amx:
             kernel = A.screen_amx7 if t.bits == 7 else A.screen_amx
             args = (A.screen_activations(xq), A.screen_config(T)) + args
+        elif t.bits == 7:
+            kernel = S.screen_vbmi7
+        elif self.kernel == "avx2":
+            kernel, xq = S.screen_avx2, xq.astype(np.int16)
         else:
-            kernel = (S.screen_vbmi7 if t.bits == 7 else S.screen_vnni
-                      if self.kernel == "vnni" else S.screen_portable)
+            kernel = S.screen_vnni if self.kernel == "vnni" else S.screen_portable
         self._call(kernel, t.codes.nbytes, t.codes, xq, *args)
         self._bmax = (lo, hi, bmax)
         return lo, hi

@@ -23,12 +23,15 @@ tq1_0 and iq1_bn (base 3) are decoded where they are used: digit k of byte b is 
 ``b * 3**k mod 256`` (uint8 lanes) passes 85 and 170, and each digit of a byte group meets a
 contiguous run of activations (table in :func:`_vnni_tq1_row`).
 
-Two builds of each hot loop exist: ``vnni`` (an ``@intrinsic`` that emits AVX512-VNNI
-vpdpbusd, 64 u8 x s8 products per instruction, and F16C for the f16 LM head) and ``portable``
-(plain numba; int32 arithmetic kept 32-bit with explicit ``np.int32`` so LLVM vectorizes it).
-:func:`kernel_mode` picks one at run time; ``BITFORMAT_CPU_KERNEL=portable`` forces the
-fallback (CI runs on VNNI machines and must still test it). The vnni kernels are compiled only
-when called, so machines without VNNI never see the instruction.
+Three builds of the hot loops exist: ``vnni`` (an ``@intrinsic`` that emits AVX512-VNNI
+vpdpbusd, 64 u8 x s8 products per instruction, and F16C for the f16 LM head), ``avx2`` (the
+ternary mat-vecs of i2_s, stfma, colpack_u32, tq2_0, tq1_0 and iq2_bn as vpmaddubsw and
+vpmaddwd on 32 bytes, for CPUs without AVX-512; everything else as ``portable``) and
+``portable`` (plain numba; int32 arithmetic kept 32-bit with explicit ``np.int32`` so LLVM
+vectorizes it). :func:`kernel_mode` picks the fastest the CPU runs;
+``BITFORMAT_CPU_KERNEL=avx2|portable`` forces another (CI runs on VNNI machines and must still
+test them). Each build's kernels are compiled only when called, so a machine never sees an
+instruction it lacks.
 
 The intrinsics stay in this file although it is long: numba's on-disk cache (``cache=True``)
 is invalidated by the timestamp of the kernel's own file only, so kernels here would keep
@@ -62,16 +65,30 @@ def host_features() -> set[str]:
     return {k for k, v in llvm.get_host_cpu_features().items() if v}
 
 
+#: the kernel builds, fastest first, and the CPU features each needs (LLVM's names)
+KERNEL_BUILDS = {"vnni": ("avx512vnni", "avx512bw", "avx512vl", "f16c"), "avx2": ("avx2",),
+                 "portable": ()}
+
+
+def builds_here() -> list[str]:
+    """The kernel builds this CPU runs, fastest first (``portable`` always)."""
+    feats = host_features()
+    return [b for b, need in KERNEL_BUILDS.items() if set(need) <= feats]
+
+
 def kernel_mode() -> str:
-    """``"vnni"`` or ``"portable"``: the env var if set (auto, vnni, portable), else by CPU."""
+    """``"vnni"``, ``"avx2"`` or ``"portable"``: the env var if set (auto or a build), else
+    the fastest build this CPU runs."""
     want = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
-    if want not in ("auto", "vnni", "portable"):
-        raise UnsupportedConversionError(f"{ENV_VAR}={want!r}: choose auto, vnni or portable")
-    have = {"avx512vnni", "avx512bw", "avx512vl", "f16c"} <= host_features()
-    if want == "vnni" and not have:
-        raise UnsupportedConversionError(f"{ENV_VAR}=vnni but this CPU lacks one of AVX512 "
-                                         "VNNI, BW, VL or F16C")
-    return "portable" if want == "portable" or not have else "vnni"
+    if want != "auto" and want not in KERNEL_BUILDS:
+        raise UnsupportedConversionError(f"{ENV_VAR}={want!r}: choose auto, "
+                                         f"{', '.join(KERNEL_BUILDS)}")
+    runs = builds_here()
+    if want != "auto" and want not in runs:
+        raise UnsupportedConversionError(
+            f"{ENV_VAR}={want} but this CPU lacks one of "
+            f"{', '.join(f.upper() for f in KERNEL_BUILDS[want])}")
+    return runs[0] if want == "auto" else want
 
 
 # -- activation layouts -----------------------------------------------------------------------
@@ -338,66 +355,77 @@ def _load_vec(builder, ptr, off, vt):
     return builder.load(builder.bitcast(builder.gep(ptr, [off]), vt.as_pointer()), align=1)
 
 
-@intrinsic
-def _vnni_tq1_row(typingctx, w, x, x_off, bsum, bs_off, nblocks):
-    """float64 ``sum_b d_b * (dot_b - bsum[bs_off + b])`` over a tq1_0 row's 54-byte blocks,
-    exact (:data:`SCALE_SPAN_BITS`).
+def _make_tq1_row(dot):
+    """Intrinsic ``row(w, x, x_off, bsum, bs_off, nblocks) -> float64``: ``sum_b d_b * (dot_b -
+    bsum[bs_off + b])`` over a tq1_0 row's 54-byte blocks, exact (:mod:`..backend`, "One
+    arithmetic for every container"), with ``dot(builder, acc, codes, x)`` adding u8 codes
+    times s8 activations into int32 lanes (:func:`_tq1_dot`: vpdpbusd; :func:`_tq1_dot_avx2`).
 
     Digits are decoded in uint8 lanes (``q*3`` by two adds) and meet contiguous activations:
-    qs[0:32] digit k holds elements 32k + m (256-bit vpdpbusd); qs[32:48] digit k elements
+    qs[0:32] digit k holds elements 32k + m (256-bit); qs[32:48] digit k elements
     160 + 16k + m (128-bit); qh[0:4] is spread to 16 lanes 4k + m, times 3**k, which hold
     elements 240 + 4k + m (128-bit).
     """
-    sig = types.float64(w, x, types.intp, bsum, types.intp, types.intp)
 
-    def codegen(context, builder, signature, args):
-        w_arr, x_arr, x_off, b_arr, bs_off, n = args
-        wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
-        xptr = context.make_array(signature.args[1])(context, builder, x_arr).data
-        bptr = context.make_array(signature.args[3])(context, builder, b_arr).data
-        f64 = ir.DoubleType()
-        v32, v16, v4 = (ir.VectorType(ir.IntType(8), k) for k in (32, 16, 4))
-        a8, a4 = ir.VectorType(ir.IntType(32), 8), ir.VectorType(ir.IntType(32), 4)
-        red8, red4 = (cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.IntType(32), [t]),
-            f"llvm.vector.reduce.add.v{t.count}i32") for t in (a8, a4))
-        acc_p = cgutils.alloca_once_value(builder, ir.Constant(f64, 0.0))
+    @intrinsic
+    def row(typingctx, w, x, x_off, bsum, bs_off, nblocks):
+        return types.float64(w, x, types.intp, bsum, types.intp, types.intp), \
+            lambda context, builder, signature, args: _tq1_row_codegen(
+                dot, context, builder, signature, args)
 
-        def at(base, k):
-            return builder.add(base, ir.Constant(n.type, k))
+    return row
 
-        with cgutils.for_range(builder, n) as loop:
-            b = loop.index
-            base = builder.mul(b, ir.Constant(n.type, 54))
-            _prefetch(builder, wptr, builder.add(base, ir.Constant(n.type, PREFETCH)))
-            xb = builder.add(x_off, builder.mul(b, ir.Constant(n.type, 256)))
-            acc8, acc4 = ir.Constant(a8, None), ir.Constant(a4, None)
-            for acc_i, vt, first, step, elem in ((0, v32, 0, 32, 0), (1, v16, 32, 16, 160)):
-                q = _load_vec(builder, wptr, at(base, first), vt)
-                for k in range(5):
-                    if k:
-                        q = builder.add(q, builder.add(q, q))  # times 3, wrapping in uint8
-                    xv = _load_vec(builder, xptr, at(xb, elem + step * k), vt)
-                    if acc_i == 0:
-                        acc8 = _tq1_dot(builder, acc8, _tq1_digit(builder, q), xv)
-                    else:
-                        acc4 = _tq1_dot(builder, acc4, _tq1_digit(builder, q), xv)
-            qh = builder.shuffle_vector(_load_vec(builder, wptr, at(base, 48), v4),
-                                        ir.Constant(v4, ir.Undefined),
-                                        ir.Constant(ir.VectorType(ir.IntType(32), 16),
-                                                    [m for _ in range(4) for m in range(4)]))
-            qh = builder.mul(qh, ir.Constant(v16, [3 ** k for k in range(4) for _ in range(4)]))
-            acc4 = _tq1_dot(builder, acc4, _tq1_digit(builder, qh),
-                            _load_vec(builder, xptr, at(xb, 240), v16))
-            dot = builder.add(builder.call(red8, [acc8]), builder.call(red4, [acc4]))
-            dptr = builder.bitcast(builder.gep(wptr, [at(base, 52)]), ir.IntType(16).as_pointer())
-            d = builder.fpext(builder.bitcast(builder.load(dptr, align=1), ir.HalfType()), f64)
-            bs = builder.load(builder.gep(bptr, [builder.add(bs_off, b)]))
-            builder.store(builder.fadd(builder.load(acc_p), builder.fmul(
-                d, builder.sitofp(builder.sub(dot, bs), f64))), acc_p)
-        return builder.load(acc_p)
 
-    return sig, codegen
+def _tq1_row_codegen(dot, context, builder, signature, args):
+    """The body of :func:`_make_tq1_row`'s intrinsic."""
+    w_arr, x_arr, x_off, b_arr, bs_off, n = args
+    wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+    xptr = context.make_array(signature.args[1])(context, builder, x_arr).data
+    bptr = context.make_array(signature.args[3])(context, builder, b_arr).data
+    f64 = ir.DoubleType()
+    v32, v16, v4 = (ir.VectorType(ir.IntType(8), k) for k in (32, 16, 4))
+    a8, a4 = ir.VectorType(ir.IntType(32), 8), ir.VectorType(ir.IntType(32), 4)
+    red8, red4 = (cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.IntType(32), [t]),
+        f"llvm.vector.reduce.add.v{t.count}i32") for t in (a8, a4))
+    acc_p = cgutils.alloca_once_value(builder, ir.Constant(f64, 0.0))
+
+    def at(base, k):
+        return builder.add(base, ir.Constant(n.type, k))
+
+    with cgutils.for_range(builder, n) as loop:
+        b = loop.index
+        base = builder.mul(b, ir.Constant(n.type, 54))
+        _prefetch(builder, wptr, builder.add(base, ir.Constant(n.type, PREFETCH)))
+        xb = builder.add(x_off, builder.mul(b, ir.Constant(n.type, 256)))
+        acc8, acc4 = ir.Constant(a8, None), ir.Constant(a4, None)
+        for acc_i, vt, first, step, elem in ((0, v32, 0, 32, 0), (1, v16, 32, 16, 160)):
+            q = _load_vec(builder, wptr, at(base, first), vt)
+            for k in range(5):
+                if k:
+                    q = builder.add(q, builder.add(q, q))  # times 3, wrapping in uint8
+                xv = _load_vec(builder, xptr, at(xb, elem + step * k), vt)
+                if acc_i == 0:
+                    acc8 = dot(builder, acc8, _tq1_digit(builder, q), xv)
+                else:
+                    acc4 = dot(builder, acc4, _tq1_digit(builder, q), xv)
+        qh = builder.shuffle_vector(_load_vec(builder, wptr, at(base, 48), v4),
+                                    ir.Constant(v4, ir.Undefined),
+                                    ir.Constant(ir.VectorType(ir.IntType(32), 16),
+                                                [m for _ in range(4) for m in range(4)]))
+        qh = builder.mul(qh, ir.Constant(v16, [3 ** k for k in range(4) for _ in range(4)]))
+        acc4 = dot(builder, acc4, _tq1_digit(builder, qh),
+                   _load_vec(builder, xptr, at(xb, 240), v16))
+        isum = builder.add(builder.call(red8, [acc8]), builder.call(red4, [acc4]))
+        dptr = builder.bitcast(builder.gep(wptr, [at(base, 52)]), ir.IntType(16).as_pointer())
+        d = builder.fpext(builder.bitcast(builder.load(dptr, align=1), ir.HalfType()), f64)
+        bs = builder.load(builder.gep(bptr, [builder.add(bs_off, b)]))
+        builder.store(builder.fadd(builder.load(acc_p), builder.fmul(
+            d, builder.sitofp(builder.sub(isum, bs), f64))), acc_p)
+    return builder.load(acc_p)
+
+
+_vnni_tq1_row = _make_tq1_row(_tq1_dot)
 
 
 _vnni_i2s = _make_vnni_dot((6, 4, 2, 0))
@@ -409,6 +437,164 @@ _vnni_i2s_rows = _make_vnni_dot_rows((6, 4, 2, 0), PROMPT_ROWS)
 _vnni_low_rows = _make_vnni_dot_rows((0, 2, 4, 6), PROMPT_ROWS)
 _vnni_i2s_pair = _make_vnni_dot_rows((6, 4, 2, 0), 2, PAIR_PREFETCH)
 _vnni_low_pair = _make_vnni_dot_rows((0, 2, 4, 6), 2, PAIR_PREFETCH)
+
+
+# -- AVX2 intrinsics (CPUs without AVX-512: vpmaddubsw, then vpmaddwd) -------------------------
+_I8x32 = ir.VectorType(ir.IntType(8), 32)
+_I16x16 = ir.VectorType(ir.IntType(16), 16)
+_I32x8 = ir.VectorType(ir.IntType(32), 8)
+
+
+def _avx2_madd(builder, width: int):
+    """(vpmaddubsw, vpmaddwd) on ``width``-byte vectors (32: AVX2, 16: SSSE3/SSE2)."""
+    i8, i16, i32 = (ir.VectorType(ir.IntType(b), width * 8 // b) for b in (8, 16, 32))
+    names = (("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd") if width == 32 else
+             ("llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd"))
+    mub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i16, [i8, i8]),
+                                         names[0])
+    mwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32, [i16, i16]),
+                                         names[1])
+    return mub, mwd
+
+
+def _make_avx2_dot(shifts: tuple[int, ...], colpack: bool = False):
+    """Intrinsic ``dot(w, w_off, xg, x_off, x_stride, n) -> int32`` over n 32-byte chunks: the
+    dot of :func:`_make_vnni_dot` for AVX2 (no AVX-512).
+
+    Slot g's codes ``(byte >> s) & 3`` (a byte shift LLVM makes of a 16-bit shift and a mask)
+    meet ``xg[x_off + g*x_stride + 32i : +32]`` in vpmaddubsw (u8 codes times s8 activations,
+    pairs summed into int16: at most 2 * 3 * 128 per lane, so the four slots' sum, 3,072, never
+    saturates); vpmaddwd by ones widens each chunk's sum into int32 lanes. For colpack the two
+    bits of a code are dotted separately (trit = low bit - high bit). 4.5 -> 13-21 GB/s on one
+    6912 x 2560 i2_s matrix against the portable loops (AMD EPYC, 2 threads, from DRAM / from
+    cache).
+    """
+    parts = []  # (slot, shift, mask, sign)
+    for g, s in enumerate(shifts):
+        parts += ([(g, s, 1, 1), (g, s + 1, 1, -1)] if colpack else [(g, s, 3, 1)])
+
+    @intrinsic
+    def dot(typingctx, w, w_off, xg, x_off, x_stride, n):
+        sig = types.int32(w, types.intp, xg, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w_arr, w_off, x_arr, x_off, x_stride, n = args
+            wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+            xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
+            mub, mwd = _avx2_madd(builder, 32)
+            red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                ir.IntType(32), [_I32x8]), "llvm.vector.reduce.add.v8i32")
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_I32x8, None))
+            ones = ir.Constant(_I16x16, [1] * 16)
+            c32 = ir.Constant(n.type, 32)
+            with cgutils.for_range(builder, n) as loop:
+                i32 = builder.mul(loop.index, c32)
+                wv = _load_vec(builder, wptr, builder.add(w_off, i32), _I8x32)
+                xv = [_load_vec(builder, xptr, builder.add(builder.add(x_off, i32), builder.mul(
+                    x_stride, ir.Constant(n.type, g))), _I8x32) for g in range(len(shifts))]
+                tot = None
+                for g, sh, mask, sign in parts:
+                    code = builder.lshr(wv, ir.Constant(_I8x32, [sh] * 32)) if sh else wv
+                    code = builder.and_(code, ir.Constant(_I8x32, [mask] * 32))
+                    pr = builder.call(mub, [code, xv[g]])
+                    tot = pr if tot is None else (builder.add(tot, pr) if sign > 0
+                                                  else builder.sub(tot, pr))
+                builder.store(builder.add(builder.load(acc), builder.call(mwd, [tot, ones])),
+                              acc)
+            return builder.call(red, [builder.load(acc)])
+
+        return sig, codegen
+
+    return dot
+
+
+def _tq1_dot_avx2(builder, acc, codes, x):
+    """``acc`` (i32 lanes) + the u8 ``codes`` times s8 ``x`` (both <32|16 x i8>), by
+    vpmaddubsw and vpmaddwd (:func:`_tq1_dot` without VNNI; digits <= 2 never saturate)."""
+    width = codes.type.count
+    mub, mwd = _avx2_madd(builder, width)
+    ones = ir.Constant(ir.VectorType(ir.IntType(16), width // 2), [1] * (width // 2))
+    return builder.add(acc, builder.call(mwd, [builder.call(mub, [codes, x]), ones]))
+
+
+def _make_avx2_block_row(block: int, code_bytes: int, d_at: int, codes_at: int, width: int):
+    """Intrinsic ``row(w, xg, x_off, x_stride, bsum, bs_off, nblocks) -> float64``: ``sum_b d_b
+    * (dot_b - bsum[bs_off + b])`` over a row of ``block``-byte blocks, each an f16 ``d`` at
+    byte ``d_at`` and ``code_bytes`` of 2-bit codes from ``codes_at`` (slots at bits 0, 2, 4,
+    6 meeting ``xg[x_off + g*x_stride + code_bytes*b : ...]``), on ``width``-byte vectors.
+
+    A block's int16 sums are widened into int32 lanes, converted to float64 lanes and scaled by
+    its d there (every product and sum exact: :mod:`..backend`, "One arithmetic for every
+    container"), so there is one horizontal sum per row. tq2_0: 66-byte blocks, d after 64 code
+    bytes; q2_0: 18-byte blocks, d before 16.
+    """
+    i8 = ir.VectorType(ir.IntType(8), width)
+    i16 = ir.VectorType(ir.IntType(16), width // 2)
+    f64v = ir.VectorType(ir.DoubleType(), width // 4)
+
+    @intrinsic
+    def row(typingctx, w, xg, x_off, x_stride, bsum, bs_off, nblocks):
+        sig = types.float64(w, xg, types.intp, types.intp, bsum, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w_arr, x_arr, x_off, x_stride, b_arr, bs_off, n = args
+            wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+            xptr = context.make_array(signature.args[1])(context, builder, x_arr).data
+            bptr = context.make_array(signature.args[4])(context, builder, b_arr).data
+            f64 = ir.DoubleType()
+            mub, mwd = _avx2_madd(builder, width)
+            red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                f64, [f64, f64v]), f"llvm.vector.reduce.fadd.v{width // 4}f64")
+            facc_p = cgutils.alloca_once_value(builder, ir.Constant(f64v, None))
+            corr_p = cgutils.alloca_once_value(builder, ir.Constant(f64, 0.0))
+            ones = ir.Constant(i16, [1] * (width // 2))
+
+            def at(base, k):
+                return builder.add(base, ir.Constant(n.type, k))
+
+            with cgutils.for_range(builder, n) as loop:
+                b = loop.index
+                base = builder.mul(b, ir.Constant(n.type, block))
+                xb = builder.add(x_off, builder.mul(b, ir.Constant(n.type, code_bytes)))
+                tot = None
+                for c in range(0, code_bytes, width):
+                    wv = _load_vec(builder, wptr, at(base, codes_at + c), i8)
+                    for g in range(4):
+                        xv = _load_vec(builder, xptr, builder.add(at(xb, c), builder.mul(
+                            x_stride, ir.Constant(n.type, g))), i8)
+                        code = builder.lshr(wv, ir.Constant(i8, [2 * g] * width)) if g else wv
+                        code = builder.and_(code, ir.Constant(i8, [3] * width))
+                        pr = builder.call(mub, [code, xv])
+                        tot = pr if tot is None else builder.add(tot, pr)
+                lanes = builder.sitofp(builder.call(mwd, [tot, ones]), f64v)
+                dptr = builder.bitcast(builder.gep(wptr, [at(base, d_at)]),
+                                       ir.IntType(16).as_pointer())
+                d = builder.fpext(builder.bitcast(builder.load(dptr, align=1), ir.HalfType()),
+                                  f64)
+                dv = builder.shuffle_vector(
+                    builder.insert_element(ir.Constant(f64v, ir.Undefined), d,
+                                           ir.Constant(ir.IntType(32), 0)),
+                    ir.Constant(f64v, ir.Undefined),
+                    ir.Constant(ir.VectorType(ir.IntType(32), width // 4), [0] * (width // 4)))
+                builder.store(builder.fadd(builder.load(facc_p), builder.fmul(lanes, dv)),
+                              facc_p)
+                bs = builder.load(builder.gep(bptr, [builder.add(bs_off, b)]))
+                builder.store(builder.fadd(builder.load(corr_p), builder.fmul(
+                    d, builder.sitofp(bs, f64))), corr_p)
+            total = builder.call(red, [ir.Constant(f64, 0.0), builder.load(facc_p)])
+            return builder.fsub(total, builder.load(corr_p))
+
+        return sig, codegen
+
+    return row
+
+
+_avx2_i2s = _make_avx2_dot((6, 4, 2, 0))
+_avx2_low = _make_avx2_dot((0, 2, 4, 6))
+_avx2_colpack = _make_avx2_dot((0, 2, 4, 6), colpack=True)
+_avx2_tq1_row = _make_tq1_row(_tq1_dot_avx2)
+_avx2_tq2_row = _make_avx2_block_row(66, 64, 64, 0, 32)
+_avx2_q2_row = _make_avx2_block_row(18, 16, 0, 2, 16)
 
 
 # -- scalar helpers -----------------------------------------------------------------------------
@@ -591,6 +777,65 @@ def mm2_vnni_prompt(W, XG, corr, s, ws, kind, out):
             out[t, r] = np.float32(d1 - corr[t]) * ws[r] / s[t]
 
 
+@njit(inline="always")
+def _dot2_avx2(wr, w0, XG, t, n, kind):
+    """``n`` bytes of row ``wr`` from ``w0`` against ``XG[t]`` from its start: the AVX2 dot on
+    whole 32-byte chunks (:func:`_make_avx2_dot`), the portable loops for the rest."""
+    bpr = XG.shape[2]
+    chunks = n // 32
+    x0 = t * 4 * bpr  # XG[t] starts here in the flat buffer
+    if kind == KIND_I2S:
+        acc = _avx2_i2s(wr, w0, XG, x0, bpr, chunks)
+    elif kind == KIND_LOW:
+        acc = _avx2_low(wr, w0, XG, x0, bpr, chunks)
+    else:
+        acc = _avx2_colpack(wr, w0, XG, x0, bpr, chunks)
+    done = chunks * 32
+    if done < n:
+        acc += _dot2_portable(wr, w0 + done, XG[t], done, n - done, kind)
+    return acc
+
+
+def mm2_avx2(W, XG, corr, s, ws, kind, out):
+    """:func:`mm2_portable` on AVX2 (:func:`_dot2_avx2`), any number of tokens; one compiled
+    kernel per ``kind`` (:data:`MM2_AVX2`)."""
+    MM2_AVX2[kind](W, XG, corr, s, ws, kind, out)
+
+
+@njit(inline="always")
+def _mm2_avx2_row(W, r, XG, corr, s, ws, kind, out):
+    """Row ``r`` of :func:`mm2_avx2` for every token."""
+    wr = W[r]
+    for t in range(out.shape[0]):
+        d = _dot2_avx2(wr, 0, XG, t, W.shape[1], kind)
+        out[t, r] = np.float32(d - corr[t]) * ws[r] / s[t]
+
+
+@njit(parallel=True, cache=True)
+def mm2_avx2_i2s(W, XG, corr, s, ws, kind, out):
+    """:func:`mm2_avx2` for KIND_I2S (``kind`` is ignored)."""
+    for r in prange(W.shape[0]):
+        _mm2_avx2_row(W, r, XG, corr, s, ws, KIND_I2S, out)
+
+
+@njit(parallel=True, cache=True)
+def mm2_avx2_low(W, XG, corr, s, ws, kind, out):
+    """:func:`mm2_avx2` for KIND_LOW (``kind`` is ignored)."""
+    for r in prange(W.shape[0]):
+        _mm2_avx2_row(W, r, XG, corr, s, ws, KIND_LOW, out)
+
+
+@njit(parallel=True, cache=True)
+def mm2_avx2_colpack(W, XG, corr, s, ws, kind, out):
+    """:func:`mm2_avx2` for KIND_COLPACK (``kind`` is ignored)."""
+    for r in prange(W.shape[0]):
+        _mm2_avx2_row(W, r, XG, corr, s, ws, KIND_COLPACK, out)
+
+
+#: the AVX2 2-bit kernel of each row layout
+MM2_AVX2 = {KIND_I2S: mm2_avx2_i2s, KIND_LOW: mm2_avx2_low, KIND_COLPACK: mm2_avx2_colpack}
+
+
 # -- tq2_0: 66-byte blocks, qs[64] then f16 d ------------------------------------------------------
 @njit(parallel=True, cache=True)
 def tq2_portable(W, XG, bsum, s, out):
@@ -614,6 +859,17 @@ def tq2_vnni(W, XG, bsum, s, out):
         wr = W[r]
         for t in range(out.shape[0]):
             out[t, r] = np.float32(_vnni_tq2_row(wr, XG, t * 4 * bpr, bpr, bsum, t * nb, nb)
+                                   ) / s[t]
+
+
+@njit(parallel=True, cache=True)
+def tq2_avx2(W, XG, bsum, s, out):
+    """:func:`tq2_portable` on AVX2 (:func:`_make_avx2_block_row`)."""
+    bpr, nb = XG.shape[2], bsum.shape[1]
+    for r in prange(W.shape[0]):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            out[t, r] = np.float32(_avx2_tq2_row(wr, XG, t * 4 * bpr, bpr, bsum, t * nb, nb)
                                    ) / s[t]
 
 
@@ -662,6 +918,16 @@ def tq1_vnni(W, Q, bsum, s, out):
             out[t, r] = np.float32(_vnni_tq1_row(wr, Q, t * cols, bsum, t * nb, nb)) / s[t]
 
 
+@njit(parallel=True, cache=True)
+def tq1_avx2(W, Q, bsum, s, out):
+    """:func:`tq1_vnni` on AVX2 (vpmaddubsw and vpmaddwd for vpdpbusd)."""
+    cols, nb = Q.shape[1], bsum.shape[1]
+    for r in prange(W.shape[0]):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            out[t, r] = np.float32(_avx2_tq1_row(wr, Q, t * cols, bsum, t * nb, nb)) / s[t]
+
+
 # -- q2_0: 18-byte blocks of 64 values, f16 d then qs[16] (element 4m + g at bits 2g) ------------
 @njit(parallel=True, cache=True)
 def q2_portable(W, XG, bsum, s, lut, out):
@@ -689,6 +955,18 @@ def q2_portable(W, XG, bsum, s, lut, out):
             out[t, r] = np.float32(acc) / s[t]
 
 
+@njit(parallel=True, cache=True)
+def q2_avx2(W, XG, bsum, s, lut, out):
+    """:func:`q2_portable` on 16-byte SSSE3 vectors (:func:`_make_avx2_block_row`; ``lut``
+    unused: the f16 d is converted by F16C)."""
+    bpr, nb = XG.shape[2], bsum.shape[1]
+    for r in prange(W.shape[0]):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            out[t, r] = np.float32(_avx2_q2_row(wr, XG, t * 4 * bpr, bpr, bsum, t * nb, nb)
+                                   ) / s[t]
+
+
 # -- iq2_bn: a row is its f32 scale, then 16-byte blocks (element 16g + m at bits 2g of byte m) ---
 @njit(parallel=True, cache=True)
 def iq2bn_portable(W, XG, corr, s, ws, out):
@@ -699,6 +977,17 @@ def iq2bn_portable(W, XG, corr, s, ws, out):
         wr = W[r]
         for t in range(out.shape[0]):
             d = _dot2_portable(wr, 4, XG[t], 0, bpr - 4, KIND_LOW)
+            out[t, r] = np.float32(d - corr[t]) * ws[r] / s[t]
+
+
+@njit(parallel=True, cache=True)
+def iq2bn_avx2(W, XG, corr, s, ws, out):
+    """:func:`iq2bn_portable` on AVX2 (:func:`_dot2_avx2` from the row's fifth byte)."""
+    rows, bpr = W.shape
+    for r in prange(rows):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            d = _dot2_avx2(wr, 4, XG, t, bpr - 4, KIND_LOW)
             out[t, r] = np.float32(d - corr[t]) * ws[r] / s[t]
 
 

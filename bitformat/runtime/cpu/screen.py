@@ -11,8 +11,9 @@ codes from the bit plane of their low bits (:func:`refine_vbmi7`). Per step, a h
 becomes two int8 vectors ``q1 + q2 / 254 ~ x s`` (:func:`..exact_head.split_hidden`), so the
 screen's integer sums are exact and its only errors are the two quantizations, which the bound
 covers through Cauchy-Schwarz. :func:`screen_vnni` (AVX512-VNNI: one code load, two vpdpbusd per 64
-values and token) and :func:`screen_portable` (plain numba) give the same integers; both write
-each row's lower and upper bound on the full head's logit.
+values and token), :func:`screen_avx2` (two vpmaddwd per 16 values and token) and
+:func:`screen_portable` (plain numba) give the same integers; each writes every row's lower and
+upper bound on the full head's logit.
 """
 
 from __future__ import annotations
@@ -434,6 +435,65 @@ def refine_vbmi7(P, ids, XQ, sums, scale, A, N, par, lo, hi):
                 d2 = 2 * np.int64(sums[t, v, 1]) + np.int64(r[1])
                 lo[t, i], hi[t, i] = _bound(t, d1, d2, 1, 128, 2.0 * scale[v], A[v], N[v],
                                             par)
+
+
+_I16x16 = ir.VectorType(ir.IntType(16), 16)
+_I32x8 = ir.VectorType(ir.IntType(32), 8)
+
+
+@intrinsic
+def _screen_dot_avx2(typingctx, w, w_off, x, x_off, n):
+    """``(D1, D2)`` of :func:`_make_screen_dot` (int8) on AVX2: n chunks of 16 stored codes
+    (``c + 128``, zero-extended to int16) against the int16 ``x[x_off + 16 i]`` (q1) and
+    ``x[x_off + width + 16 i]`` (q2), two vpmaddwd per chunk. vpmaddubsw would be twice as
+    wide, but a pair of products of u8 codes up to 255 and s8 values saturates its int16
+    sums; vpmaddwd's int32 sums are exact."""
+    sig = types.UniTuple(types.int32, 2)(w, types.intp, x, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        w_arr, w_off, x_arr, x_off, n = args
+        wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+        xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
+        mwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            _I32x8, [_I16x16, _I16x16]), "llvm.x86.avx2.pmadd.wd")
+        red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.IntType(32), [_I32x8]), "llvm.vector.reduce.add.v8i32")
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x8, None)) for _ in range(2)]
+        i8x16 = ir.VectorType(ir.IntType(8), 16)
+        width = builder.mul(n, ir.Constant(n.type, 16))
+        with cgutils.for_range(builder, n) as loop:
+            off = builder.mul(loop.index, ir.Constant(n.type, 16))
+            woff = builder.add(w_off, off)
+            _prefetch(builder, wptr, builder.add(woff, ir.Constant(n.type, SCREEN_PREFETCH)), L2)
+            codes = builder.zext(builder.load(builder.bitcast(builder.gep(wptr, [woff]),
+                                                              i8x16.as_pointer()), align=1),
+                                 _I16x16)
+            xo = builder.add(x_off, off)
+            for j, acc in enumerate(accs):
+                xv = builder.load(builder.bitcast(builder.gep(
+                    xptr, [builder.add(xo, width) if j else xo]), _I16x16.as_pointer()), align=2)
+                builder.store(builder.add(builder.load(acc), builder.call(mwd, [codes, xv])),
+                              acc)
+        out = [builder.call(red, [builder.load(a)]) for a in accs]
+        return context.make_tuple(builder, signature.return_type, out)
+
+    return sig, codegen
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def screen_avx2(W, XQ16, scale, A, N, par, lo, hi, bmax):
+    """:func:`screen_vnni` on AVX2 (:func:`_screen_dot_avx2`); ``XQ16`` is ``XQ`` as int16."""
+    V, width = W.shape
+    T = XQ16.shape[0]
+    n = width // 16
+    xflat = XQ16.reshape(-1)
+    for b in prange(bmax.shape[0]):
+        v1 = min(V, (b + 1) * SCREEN_BLOCK)
+        for v in range(b * SCREEN_BLOCK, v1):
+            for t in range(T):
+                r = _screen_dot_avx2(W, v * width, xflat, t * 2 * width, n)
+                _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 1, 128, scale, A, N, par, lo, hi)
+        _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
 
 
 @njit(parallel=True, cache=True, nogil=True)
