@@ -796,6 +796,17 @@ def _dot2_avx2(wr, w0, XG, t, n, kind):
     return acc
 
 
+@njit(inline="always")
+def _dot2_avx2_pair(W, r, XG, t, kind):
+    """(:func:`_dot2_avx2` of row r, of row r + 1) of ``W`` against ``XG[t]`` (the pair
+    :func:`_dot2_vnni_pair` gives on vnni); row r + 1 past the last row gives 0."""
+    rows, bpr = W.shape
+    d0 = _dot2_avx2(W[r], 0, XG, t, bpr, kind)
+    if r + 1 >= rows:
+        return d0, np.int32(0)
+    return d0, _dot2_avx2(W[r + 1], 0, XG, t, bpr, kind)
+
+
 def mm2_avx2(W, XG, corr, s, ws, kind, out):
     """:func:`mm2_portable` on AVX2 (:func:`_dot2_avx2`), any number of tokens; one compiled
     kernel per ``kind`` (:data:`MM2_AVX2`)."""
