@@ -41,6 +41,8 @@ class ModelSummary:
     #: level "error" means ``run`` and ``convert`` refuse the file
     problems: list = field(default_factory=list)
     family: dict = field(default_factory=dict)  # id, title, activation, sub_norms, ...
+    #: this container's measured cpu speed against i2_s (:mod:`.runtime.costs`), as lines
+    run_costs: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -163,6 +165,10 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
     summary = ModelSummary(model.path, model.container, arch, config, tokenizer)
     summary.problems = validation_problems(model)
     summary.family = _family(model)
+    if model.container is not None:
+        from .runtime.costs import describe
+
+        summary.run_costs = describe(model.container)
     ternary_bytes = ternary_weights = embed_bytes = embed_row = other_bytes = 0
     total_bytes = 0
     counts = np.zeros(3, dtype=np.int64)
@@ -287,6 +293,10 @@ def render(summary: ModelSummary) -> str:
     share = tot["lm_head_share_of_token"]
     lines.append(f"  bytes per token    {human_bytes(tot['bytes_per_token'])}"
                  + (f" (LM head {share:.0%})" if share is not None else ""))
+    if summary.run_costs:
+        lines.append("  cpu speed          measured on the full-size 2B-4T "
+                     "(tools/bench_containers.py):")
+        lines += [f"    {c}" for c in summary.run_costs]
     if summary.problems:
         lines.append("")
     for p in summary.problems[:20]:

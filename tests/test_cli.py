@@ -48,6 +48,35 @@ def test_inspect_text_table(tiny_gguf):
     assert "blk.1.attn_v.weight" in r.output and "bytes per token" in r.output
 
 
+def test_inspect_quotes_measured_cpu_speed(tiny_gguf, tmp_path, monkeypatch):
+    """inspect says what the container costs to run, from the measured table, per CPU and
+    kernel build, and warns where it is slow; the shipped table covers every container."""
+    from bitformat.formats import FORMAT_IDS
+    from bitformat.runtime import costs
+
+    shipped = costs.measured()
+    assert shipped, "bitformat/data/container_costs.json holds no measurement"
+    for m in shipped:
+        assert set(m["containers"]) == set(FORMAT_IDS), m["cpu"]
+        assert m["containers"]["i2_s"]["decode"] == 1.0 and m["build"] in costs.BUILD_NAMES
+    table = {"measured": [{"cpu": "Test CPU", "cpu_features": "AVX2", "build": "avx2",
+                           "date": "2026-11-27", "source": "tools/bench_containers.py",
+                           "i2_s_decode_tps": 12.5,
+                           "containers": {"i2_s": {"decode": 1.0, "prefill": 1.0},
+                                          "iq1_bn": {"decode": 0.2, "prefill": 0.1}}}]}
+    f = tmp_path / "costs.json"
+    f.write_text(json.dumps(table))
+    monkeypatch.setattr(costs, "COSTS_FILE", f)
+    r = run("inspect", tiny_gguf)
+    assert r.exit_code == 0, r.output
+    assert ("1.00x i2_s's decode, 1.00x its prefill on Test CPU (AVX2 kernels (no AVX-512); "
+            "i2_s 12.5 tok/s on 2B-4T)") in r.output
+    assert costs.describe("iq1_bn")[0].endswith("(slow here: pick i2_s, tq2_0 or stfma)")
+    assert costs.describe("tq2_0") == []
+    info = json.loads(run("inspect", tiny_gguf, "--json").output)
+    assert info["run_costs"] == costs.describe("i2_s")
+
+
 def test_convert_default_output_and_round_trip(tiny_gguf, tmp_path):
     src = tmp_path / "tiny.gguf"
     src.write_bytes(tiny_gguf.read_bytes())

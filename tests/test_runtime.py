@@ -289,6 +289,39 @@ def test_kernel_tails_and_padding(fid, shape, kernel):
 
 
 @pytest.mark.parametrize("kernel", list(KERNEL_BUILDS))
+@pytest.mark.parametrize("cols", [64, 128, 192, 256, 448, 2560])
+def test_iq1_bn_kernels_every_block_count(cols, kernel):
+    """iq1_bn rows of 1 to 40 blocks: the avx2 kernel's block pairs and the scalar blocks
+    left at each row's end (its 16-byte loads would pass the row) against exact sums."""
+    from bitformat.formats import get_format
+    from bitformat.runtime.cpu import kernels as K
+    from bitformat.ternary import TernaryTensor
+
+    if kernel not in builds_here():
+        pytest.skip(f"this CPU does not run the {kernel} kernel build")
+    rng = np.random.default_rng(cols)
+    rows = 5
+    trits = rng.integers(-1, 2, (rows, cols)).astype(np.int8)
+    fmt = get_format("iq1_bn")
+    t, _ = fmt.prepare(TernaryTensor(trits, np.float32([0.75])))
+    W = fmt.encode(t).view(np.uint8).reshape(rows, -1)
+    W.setflags(write=False)
+    q = rng.integers(-128, 128, (3, cols)).astype(np.int8)
+    s = np.float32([1.5, 0.25, 3.0])
+    ws = np.full(rows, 0.75, np.float32)
+    corr = q.sum(1, dtype=np.int32)
+    out = np.full((3, rows), np.nan, np.float32)
+    if kernel == "avx2":
+        x1 = K.iq1_activations(q)
+        assert x1.shape == (3, 5, cols // 4)
+        K.iq1bn_avx2(W, x1, q, corr, s, ws, out)
+    else:  # the vnni build runs the portable iq1_bn kernel
+        K.iq1bn_portable(W, q, corr, s, ws, out)
+    exact = (trits.astype(np.int64) @ q.T.astype(np.int64)).T
+    np.testing.assert_array_equal(out, exact.astype(np.float32) * ws / s[:, None])
+
+
+@pytest.mark.parametrize("kernel", list(KERNEL_BUILDS))
 @pytest.mark.parametrize("gtype", ["F32", "F16", "BF16"])
 def test_lm_head_kernels(gtype, kernel):
     from bitformat.runtime.cpu import head as H

@@ -125,10 +125,12 @@ class BitformatRunner:
         return n
 
     def run(self, prompt: list[int], tokens: int) -> dict:
-        s = self.m.generate(prompt, max_new_tokens=tokens + 1, stop_ids=[]).stats
+        r = self.m.generate(prompt, max_new_tokens=tokens + 1, stop_ids=[])
+        s = r.stats
         return {"prefill_tps": s.prompt_tps, "decode_tps": s.generation_tps,
                 "weight_bytes": s.weight_bytes_per_token, "kv_bytes": s.kv_bytes_last_token,
-                "streamed_bytes": self.streamed}
+                "streamed_bytes": self.streamed, "tokens": list(r.tokens),
+                "kernel": self.m.backend.kernel}
 
     def profile(self, prompt: list[int], tokens: int) -> dict:
         """Per decoded token: ms in BitLinear (kernels / the rest), the LM head, everything else."""
@@ -227,13 +229,14 @@ def worker(kind: str, path: str, threads: int | None) -> None:
 class Worker:
     """Parent side of one worker process."""
 
-    def __init__(self, label: str, kind: str, path: Path, threads: int | None):
+    def __init__(self, label: str, kind: str, path: Path, threads: int | None,
+                 env: dict[str, str] | None = None):
         self.label, self.kind, self.path, self.threads = label, kind, path, threads
         cmd = [sys.executable, __file__, "--worker", kind, "--path", str(path)]
         if threads:
             cmd += ["--threads", str(threads)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, env={**os.environ, **(env or {})})
         self.runs: list[dict] = []
         self.profile: dict | None = None
         self.load_s = self._read()["ready"]
@@ -263,12 +266,14 @@ class Worker:
         last = self.runs[-1]
         return {"label": self.label, "threads": str(self.threads or "adaptive"), **med,
                 "decode_all": [r["decode_tps"] for r in self.runs],
+                "prefill_all": [r["prefill_tps"] for r in self.runs],
+                "tokens": [r.get("tokens") for r in self.runs], "kernel": last.get("kernel"),
                 "bytes": last["weight_bytes"] + last["kv_bytes"],
                 "streamed": last["streamed_bytes"] + last["kv_bytes"],
                 "peak_rss": self.peak_rss, "load_s": self.load_s, "profile": self.profile}
 
 
-def run_group(specs: list[tuple[str, str, Path, int | None]], prompt: list[int], tokens: int,
+def run_group(specs: list[tuple], prompt: list[int], tokens: int,
               repeat: int, profile_tokens: int) -> list[dict]:
     """Start the workers of ``specs``, warm each up, then run ``repeat`` interleaved rounds."""
     workers = []

@@ -513,6 +513,8 @@ class CpuBackend(Backend):
                 qa.cache[full] = K.block_sums(qa.q, width or 256)
             elif key == "s":
                 qa.cache[full] = qa.s.astype(np.float32)
+            elif key == "iq1":
+                qa.cache[full] = K.iq1_activations(qa.q)
             else:
                 qa.cache[full] = K.slot_activations(qa.q, key, width)
         return qa.cache[full]
@@ -555,6 +557,9 @@ class CpuBackend(Backend):
             xg = self._derived(qa, "arm64", w.cols)
             self._call(self._iq2bn, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,
                        w.scale, out)
+        elif enc == "iq1_bn" and self.kernel == "avx2":
+            self._call(K.iq1bn_avx2, w.data.nbytes, w.data, self._derived(qa, "iq1", w.cols),
+                       qa.q, self._derived(qa, "sum"), s, w.scale, out)
         elif enc == "iq1_bn":
             self._call(K.iq1bn_portable, w.data.nbytes, w.data, qa.q, self._derived(qa, "sum"),
                        s, w.scale, out)

@@ -25,8 +25,9 @@ contiguous run of activations (table in :func:`_vnni_tq1_row`).
 
 Three builds of the hot loops exist: ``vnni`` (an ``@intrinsic`` that emits AVX512-VNNI
 vpdpbusd, 64 u8 x s8 products per instruction, and F16C for the f16 LM head), ``avx2`` (the
-ternary mat-vecs of i2_s, stfma, colpack_u32, tq2_0, tq1_0 and iq2_bn as vpmaddubsw and
-vpmaddwd on 32 bytes, for CPUs without AVX-512; everything else as ``portable``) and
+ternary mat-vecs of every GGUF type and stfma/colpack_u32 as vpmaddubsw and vpmaddwd on 32
+bytes, for CPUs without AVX-512, and the screened head's int8 screen; the rest, e.g. rANS
+decoded inside the mat-vec, as ``portable``) and
 ``portable`` (plain numba; int32 arithmetic kept 32-bit with explicit ``np.int32`` so LLVM
 vectorizes it). :func:`kernel_mode` picks the fastest the CPU runs;
 ``BITFORMAT_CPU_KERNEL=avx2|portable`` forces another (CI runs on VNNI machines and must still
@@ -589,6 +590,52 @@ def _make_avx2_block_row(block: int, code_bytes: int, d_at: int, codes_at: int, 
     return row
 
 
+@intrinsic
+def _avx2_iq1_pairs(typingctx, w, x, x_off, x_stride, npairs):
+    """int32 sum of digit * activation over ``npairs`` pairs of iq1_bn blocks (from the row's
+    third byte, 13 bytes a block): each block's bytes loaded as 16 into one 128-bit half, the
+    five base-3 digits decoded in uint8 lanes as in :func:`_tq1_row_codegen` (digit j of a
+    byte: the byte times 3**(4 - j), by repeated tripling from j = 4), each against
+    ``x[x_off + j*x_stride + 16b : +32]`` (:func:`iq1_activations`) by vpmaddubsw. Each
+    block's last 16-byte load reads 3 bytes past it: the caller leaves the row's last block
+    (or two) to the scalar loop."""
+    sig = types.int32(w, x, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        w_arr, x_arr, x_off, x_stride, n = args
+        wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
+        xptr = context.make_array(signature.args[1])(context, builder, x_arr).data
+        mub, mwd = _avx2_madd(builder, 32)
+        red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.IntType(32), [_I32x8]), "llvm.vector.reduce.add.v8i32")
+        v16 = ir.VectorType(ir.IntType(8), 16)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(_I32x8, None))
+        ones = ir.Constant(_I16x16, [1] * 16)
+        both = ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32)))
+
+        def at(base, k):
+            return builder.add(base, ir.Constant(n.type, k))
+
+        with cgutils.for_range(builder, n) as loop:
+            b0 = builder.mul(loop.index, ir.Constant(n.type, 2))
+            o0 = at(builder.mul(b0, ir.Constant(n.type, 13)), 2)
+            q = builder.shuffle_vector(_load_vec(builder, wptr, o0, v16),
+                                       _load_vec(builder, wptr, at(o0, 13), v16), both)
+            xb = builder.add(x_off, builder.mul(b0, ir.Constant(n.type, 16)))
+            tot = None
+            for j in range(4, -1, -1):  # digit 4 (the byte itself) first, then tripled
+                if j < 4:
+                    q = builder.add(q, builder.add(q, q))  # times 3, wrapping in uint8
+                xv = _load_vec(builder, xptr, builder.add(xb, builder.mul(
+                    x_stride, ir.Constant(n.type, j))), _I8x32)
+                pr = builder.call(mub, [_tq1_digit(builder, q), xv])
+                tot = pr if tot is None else builder.add(tot, pr)
+            builder.store(builder.add(builder.load(acc), builder.call(mwd, [tot, ones])), acc)
+        return builder.call(red, [builder.load(acc)])
+
+    return sig, codegen
+
+
 _avx2_i2s = _make_avx2_dot((6, 4, 2, 0))
 _avx2_low = _make_avx2_dot((0, 2, 4, 6))
 _avx2_colpack = _make_avx2_dot((0, 2, 4, 6), colpack=True)
@@ -1025,15 +1072,58 @@ def iq1bn_portable(W, Q, corr, s, ws, out):
             qt = Q[t]
             acc = np.int32(0)
             for b in range(nb):
-                o, x0 = 2 + b * 13, b * 64
-                for i in range(4):
-                    for k in range(3):
-                        byte = wr[o + 3 * i + k]
-                        e = x0 + 16 * i + 5 * k
-                        for j in range(5):
-                            acc = np.int32(acc + _digit(byte, _IQ1_MULT[j]) * np.int32(qt[e + j]))
-                    acc = np.int32(acc + _digit(wr[o + 12], _IQ1_MULT[i])
-                                   * np.int32(qt[x0 + 16 * i + 15]))
+                acc = np.int32(acc + _iq1_block(wr, qt, b))
+            out[t, r] = np.float32(acc - corr[t]) * ws[r] / s[t]
+
+
+@njit(inline="always")
+def _iq1_block(wr, qt, b):
+    """int32 sum of digit * q over iq1_bn block b of row ``wr`` (``qt`` in element order)."""
+    acc = np.int32(0)
+    o, x0 = 2 + b * 13, b * 64
+    for i in range(4):
+        for k in range(3):
+            byte = wr[o + 3 * i + k]
+            e = x0 + 16 * i + 5 * k
+            for j in range(5):
+                acc = np.int32(acc + _digit(byte, _IQ1_MULT[j]) * np.int32(qt[e + j]))
+        acc = np.int32(acc + _digit(wr[o + 12], _IQ1_MULT[i]) * np.int32(qt[x0 + 16 * i + 15]))
+    return acc
+
+
+#: element of a 64-value iq1_bn block that digit j of block byte m (ql[0:12], then extra)
+#: multiplies; 64: none (the extra byte's fifth digit and the three bytes past the block)
+IQ1_ELEMENT = np.array([[16 * (m // 3) + 5 * (m % 3) + j if m < 12 else
+                         (16 * j + 15 if m == 12 and j < 4 else 64) for m in range(16)]
+                        for j in range(5)], dtype=np.intp)
+
+
+def iq1_activations(q: np.ndarray) -> np.ndarray:
+    """int8 ``[T, cols]`` -> ``[T, 5, cols // 4]``: for each 64-value block, 16 activations per
+    digit j, the one digit j of block byte m multiplies (:data:`IQ1_ELEMENT`, 0 where none),
+    so a block's 13 bytes loaded as 16 meet 16 consecutive activations per digit."""
+    t, cols = q.shape
+    nb = cols // 64
+    qb = np.concatenate([q.reshape(t, nb, 64), np.zeros((t, nb, 1), np.int8)], axis=2)
+    x = qb[:, :, IQ1_ELEMENT]  # [T, nb, 5, 16]
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3).reshape(t, 5, nb * 16))
+
+
+@njit(parallel=True, cache=True)
+def iq1bn_avx2(W, X1, Q, corr, s, ws, out):
+    """:func:`iq1bn_portable` on AVX2: two blocks a step (:func:`_avx2_iq1_pairs`, ``X1`` from
+    :func:`iq1_activations`); the last one or two blocks of a row, whose 16-byte loads would
+    pass the row's end, by the scalar loop."""
+    rows, bpr = W.shape
+    nb = (bpr - 2) // 13
+    pairs = (nb - 1) // 2
+    stride = X1.shape[2]
+    for r in prange(rows):
+        wr = W[r]
+        for t in range(out.shape[0]):
+            acc = _avx2_iq1_pairs(wr, X1, t * 5 * stride, stride, pairs)
+            for b in range(2 * pairs, nb):
+                acc = np.int32(acc + _iq1_block(wr, Q[t], b))
             out[t, r] = np.float32(acc - corr[t]) * ws[r] / s[t]
 
 

@@ -1,0 +1,50 @@
+"""What each container costs to run on the cpu backend, as measured: decode and prefill speed
+relative to i2_s on the full-size synthetic 2B-4T, per CPU and kernel build
+(``tools/bench_containers.py --write`` fills ``data/container_costs.json``; docs/benchmarks.md
+has the runs). ``bitformat inspect`` quotes them, so nobody picks a slow path by accident.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+COSTS_FILE = Path(__file__).resolve().parent.parent / "data" / "container_costs.json"
+
+#: what each cpu kernel build is, for a reader who has not met our names
+BUILD_NAMES = {"vnni": "AVX-512 VNNI kernels", "avx2": "AVX2 kernels (no AVX-512)",
+               "portable": "portable kernels (no SIMD intrinsics)"}
+
+
+def measured() -> list[dict[str, Any]]:
+    """Every measured CPU and build (empty where the file is missing)."""
+    try:
+        return json.loads(COSTS_FILE.read_text())["measured"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def container_costs(fid: str) -> list[dict[str, Any]]:
+    """Container ``fid``'s decode and prefill speed relative to i2_s on each measured CPU and
+    build: ``cpu``, ``build``, ``decode``, ``prefill``, ``i2_s_decode_tps``, ``date``."""
+    out = []
+    for m in measured():
+        c = m["containers"].get(fid)
+        if c is not None:
+            out.append({"cpu": m["cpu"], "cpu_features": m.get("cpu_features", ""),
+                        "build": m["build"], "decode": c["decode"], "prefill": c["prefill"],
+                        "i2_s_decode_tps": m["i2_s_decode_tps"], "date": m["date"]})
+    return out
+
+
+def describe(fid: str) -> list[str]:
+    """Lines for ``inspect``: per measured CPU and build, how fast ``fid`` decodes against
+    i2_s, with a word where it is much slower."""
+    lines = []
+    for c in container_costs(fid):
+        slow = "  (slow here: pick i2_s, tq2_0 or stfma)" if c["decode"] < 0.7 else ""
+        lines.append(f"{c['decode']:.2f}x i2_s's decode, {c['prefill']:.2f}x its prefill on "
+                     f"{c['cpu']} ({BUILD_NAMES.get(c['build'], c['build'])}; i2_s "
+                     f"{c['i2_s_decode_tps']:.1f} tok/s on 2B-4T){slow}")
+    return lines
