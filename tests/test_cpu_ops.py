@@ -226,8 +226,8 @@ def test_decode_row_same_bits_as_layer_by_layer(cpu_models, fid):
     if fid == "tq2_0":  # not a 2-bit slot layout: no plan, the layer-by-layer path runs
         assert plan is None
         return
-    if cpu_models[fid].backend.kernel not in ("vnni", "avx2"):
-        pytest.skip("the one-call step needs the vnni or avx2 kernels")
+    if cpu_models[fid].backend.kernel != "vnni":
+        pytest.skip("the one-call step needs the vnni kernels")
     assert plan is not None
     fused, layered = net.new_cache(64), net.new_cache(64)
     rng = np.random.default_rng(5)
@@ -260,7 +260,7 @@ def test_decode_row_team_same_bits_for_any_team(cpu_models, numba_threads, team,
     net, be = cpu_models["i2_s"].net, cpu_models["i2_s"].backend
     plan = net._decode_plan()
     if plan is None:
-        pytest.skip("the one-call step needs the vnni or avx2 kernels")
+        pytest.skip("the one-call step needs the vnni kernels")
     rng = np.random.default_rng(9)
     d2 = plan.head_dim // 2
     cos, sin = (rng.standard_normal(d2).astype(np.float32) for _ in range(2))
@@ -274,7 +274,7 @@ def test_decode_row_team_same_bits_for_any_team(cpu_models, numba_threads, team,
             kc, vc, h = k0.copy(), k0 * np.float32(0.5), h0.copy()
             for pos in range(8, 11):  # earlier positions: the random cache
                 D._decode_row(be._arena.buf, plan.mats, plan.ws, plan.gains, plan.eps, plan.lane,
-                              plan.heads, kc, vc, pos, cos, sin, k, least, plan.build, h)
+                              plan.heads, kc, vc, pos, cos, sin, k, least, h)
             results.append((h, kc, vc))
     finally:
         numba.set_num_threads(before)
@@ -293,7 +293,7 @@ def test_decode_row_team_survives_overflowing_weights(cpu_models, team):
     net, be = cpu_models["i2_s"].net, cpu_models["i2_s"].backend
     plan = net._decode_plan()
     if plan is None:
-        pytest.skip("the one-call step needs the vnni or avx2 kernels")
+        pytest.skip("the one-call step needs the vnni kernels")
     gains = plan.gains.copy()
     gains[0, 1, [3, 35]] = np.float32(3e38)
     rng = np.random.default_rng(2)
@@ -302,7 +302,7 @@ def test_decode_row_team_survives_overflowing_weights(cpu_models, team):
     cache = net.new_cache(8)
     h = rng.standard_normal((1, net.args.dim)).astype(np.float32)
     D._decode_row(be._arena.buf, plan.mats, plan.ws, gains, plan.eps, plan.lane, plan.heads,
-                  cache.k, cache.v, 0, cos, sin, team, 64, plan.build, h)
+                  cache.k, cache.v, 0, cos, sin, team, 64, h)
     assert not np.isfinite(h).all()
 
 

@@ -18,8 +18,7 @@ The arithmetic is the layer-by-layer path's, step for step, so the bits are the 
 :func:`.ops.attend_one`'s attention (partials per kv head and run of positions, merged; the
 same bits whichever thread computes which: ``tests/test_cpu_ops.py`` compares them).
 
-It covers the common case only (:meth:`.backend.CpuBackend.decode_plan`): the vnni or avx2
-kernels (one compiled step each: :data:`BUILDS`),
+It covers the common case only (:meth:`.backend.CpuBackend.decode_plan`): the vnni kernels,
 2-bit matrices (i2_s, stfma) with q/k/v and gate/up stacked in the arena, a family with
 sub-norms and ReLU² (BitNet), no q/k norms, no interleaved q/k rows, no per-projection scales.
 """
@@ -30,11 +29,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import carray, get_num_threads, literally, njit, prange, types
-from numba.extending import overload
+from numba import carray, get_num_threads, njit, prange
 
 from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, amx_tail, block_scratch
-from .kernels import KIND_COLPACK, KIND_I2S, _dot2_avx2_pair, _dot2_vnni_pair
+from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
 from .ops import (
     ATTN_CHUNK,
     PART_V,
@@ -48,25 +46,6 @@ from .ops import (
     _rope_heads,
 )
 from .team import SYNC_WIDTH, claim, finish, finish_run, serial, take_guided, wait_done
-
-#: the kernel builds the one-call step is compiled for (:func:`.kernels.kernel_mode`)
-BUILDS = {"vnni": 0, "avx2": 1}
-
-
-def _pair_dot(W, r, XG, kind, build):
-    """(dot of row r, of row r + 1) against ``XG[0]`` by kernel build ``build`` (a literal
-    int: each build compiles only its own instructions, and its own cached step)."""
-    raise NotImplementedError  # numba only (the overload below)
-
-
-@overload(_pair_dot, inline="always")
-def _pair_dot_of_build(W, r, XG, kind, build):
-    if not isinstance(build, types.IntegerLiteral):
-        return None
-    if build.literal_value == BUILDS["vnni"]:
-        return lambda W, r, XG, kind, build: _dot2_vnni_pair(W, r, XG, 0, kind)
-    return lambda W, r, XG, kind, build: _dot2_avx2_pair(W, r, XG, 0, kind)
-
 
 #: columns of :data:`Plan.mats`: each matrix's offset in the arena, rows, bytes per row, offset
 #: of its row scales in ``ws``, kernel kind
@@ -125,7 +104,7 @@ def _weight(buf, mats, layer, which):
     return buf[off: off + rows * bpr].reshape((rows, bpr))
 
 
-def decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, build, hrow):
+def decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, hrow):
     """One token through every layer: ``hrow`` float32 [1, dim] (its embedding) becomes the hidden
     state after the last layer, in place; its k and v go to ``kc``/``vc`` [layers, len, KV, d]
     at ``pos``.
@@ -140,21 +119,14 @@ def decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, bu
     per thread numba runs now.
     """
     _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, get_num_threads(),
-                CHUNK_BYTES, build, hrow)
+                CHUNK_BYTES, hrow)
 
 
+@njit(cache=True, parallel=True, nogil=True, error_model="numpy")
 def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, threads, least,
-                build, hrow):
+                hrow):
     """:func:`decode_row` by a team of ``threads``, taking at least ``least`` bytes of a
-    mat-vec's rows at a time, with kernel build ``build`` (:data:`BUILDS`)."""
-    (_decode_row_vnni if build == BUILDS["vnni"] else _decode_row_avx2)(
-        buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, threads, least, hrow)
-
-
-@njit(cache=True, error_model="numpy")
-def _scratch(mats, heads, kc, pos, hrow):
-    """What the team of :func:`_decode_row` shares: the activations in their forms, the
-    outputs, the attention partials and the phases' counters."""
+    mat-vec's rows at a time."""
     dim = hrow.shape[1]
     hidden = mats[0, GATE_UP, ROWS] // 2
     width = max(dim, hidden)
@@ -171,27 +143,9 @@ def _scratch(mats, heads, kc, pos, hrow):
     parts = np.empty(((pos + ATTN_CHUNK) // ATTN_CHUNK, heads, d + PART_V),
                      np.float32)  # attention partials (:func:`.ops._part`)
     sync = np.zeros((PHASES_PER_LAYER * mats.shape[0] + 1, SYNC_WIDTH), np.int64)
-    return x, q8, xg, y, o, gu, sq, qr, parts, sync
-
-
-@njit(cache=True, parallel=True, nogil=True, error_model="numpy")
-def _decode_row_vnni(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, threads,
-                     least, hrow):
-    """:func:`_decode_row` on the vnni kernels."""
-    x, q8, xg, y, o, gu, sq, qr, parts, sync = _scratch(mats, heads, kc, pos, hrow)
     for _t in prange(threads):
         _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, hrow[0], x, q8,
-              xg, y, o, gu, sq, qr, parts, sync, threads, least, 0)
-
-
-@njit(cache=True, parallel=True, nogil=True, error_model="numpy")
-def _decode_row_avx2(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, threads,
-                     least, hrow):
-    """:func:`_decode_row` on the avx2 kernels."""
-    x, q8, xg, y, o, gu, sq, qr, parts, sync = _scratch(mats, heads, kc, pos, hrow)
-    for _t in prange(threads):
-        _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, hrow[0], x, q8,
-              xg, y, o, gu, sq, qr, parts, sync, threads, least, 1)
+              xg, y, o, gu, sq, qr, parts, sync, threads, least)
 
 
 #: phases of :func:`_step` per layer (and one after the last)
@@ -200,9 +154,9 @@ PHASES_PER_LAYER = 10
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q8, xg, y, o,
-          gu, sq, qr, parts, sync, threads, least, build):
+          gu, sq, qr, parts, sync, threads, least):
     """One thread's part of :func:`decode_row`: every phase in order, serial ones where this
-    thread is first to claim them; ``build`` a literal (:data:`BUILDS`)."""
+    thread is first to claim them."""
     dim = h.shape[0]
     KV, d = kc.shape[2], kc.shape[3]
     H = heads
@@ -222,8 +176,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          sq)
             finish(sync, ph)
         wait_done(sync, ph, 1)
-        _matvec(buf, mats, layer, QKV, xg, sq, ws, y, sync, ph + 1, threads, least,
-                literally(build))
+        _matvec(buf, mats, layer, QKV, xg, sq, ws, y, sync, ph + 1, threads, least)
         kl, vl = kc[layer], vc[layer]
         if serial(sync, ph + 2):
             for j in range(KV):
@@ -245,8 +198,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          sq)
             finish(sync, ph + 4)
         wait_done(sync, ph + 4, 1)
-        _matvec(buf, mats, layer, OUT, xg, sq, ws, y, sync, ph + 5, threads, least,
-                literally(build))
+        _matvec(buf, mats, layer, OUT, xg, sq, ws, y, sync, ph + 5, threads, least)
         # FFN
         if serial(sync, ph + 6):
             for j in range(dim):
@@ -255,8 +207,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          lane, sq)
             finish(sync, ph + 6)
         wait_done(sync, ph + 6, 1)
-        _matvec(buf, mats, layer, GATE_UP, xg, sq, ws, gu, sync, ph + 7, threads, least,
-                literally(build))
+        _matvec(buf, mats, layer, GATE_UP, xg, sq, ws, gu, sync, ph + 7, threads, least)
         if serial(sync, ph + 8):
             for j in range(hidden):
                 a = max(gu[j], np.float32(0.0))
@@ -265,8 +216,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          mats[layer, DOWN, BPR], lane, sq)
             finish(sync, ph + 8)
         wait_done(sync, ph + 8, 1)
-        _matvec(buf, mats, layer, DOWN, xg, sq, ws, y, sync, ph + 9, threads, least,
-                literally(build))
+        _matvec(buf, mats, layer, DOWN, xg, sq, ws, y, sync, ph + 9, threads, least)
         ph += PHASES_PER_LAYER
     if serial(sync, ph):
         for j in range(dim):
@@ -291,7 +241,7 @@ CHUNK_BYTES = 32768
 
 
 @njit(cache=True, error_model="numpy")
-def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least, build):
+def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least):
     """Phase ``ph``: ``out[r] = float32(dot_r - sum q) * ws[r] / s`` (:func:`.kernels.mm2_vnni`,
     one token); returns when all rows are done.
 
@@ -314,7 +264,7 @@ def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least, 
             break
         for p in range(p0, p1):
             r = 2 * p
-            d0, d1 = _pair_dot(W, r, XG, kind, literally(build))
+            d0, d1 = _dot2_vnni_pair(W, r, XG, 0, kind)
             out[r] = np.float32(d0 - corr) * ws[w0 + r] / s
             if r + 1 < rows:
                 out[r + 1] = np.float32(d1 - corr) * ws[w0 + r + 1] / s
@@ -565,7 +515,6 @@ class Plan:
     head_dim: int
     nbytes: int  # the matrices' bytes (the thread picker's size)
     amx: bool  # every row a whole number of 64-byte chunks (AMX tiles: :func:`decode_rows`)
-    build: int  # the kernel build of the one-token step (:data:`BUILDS`)
 
     @classmethod
     def of(cls, net, be) -> Plan | None:
@@ -604,4 +553,4 @@ class Plan:
         nbytes = int((mats[..., ROWS] * mats[..., BPR]).sum())
         return cls(mats, np.concatenate(scales), gains, float(a.norm_eps),
                    LANES[layouts.pop()], a.n_heads, a.n_kv_heads, a.head_dim, nbytes,
-                   bool((mats[..., BPR] % 64 == 0).all()), BUILDS[be.kernel])
+                   bool((mats[..., BPR] % 64 == 0).all()))

@@ -30,9 +30,10 @@ bytes, for CPUs without AVX-512, and the screened head's int8 screen; the rest, 
 decoded inside the mat-vec, as ``portable``) and
 ``portable`` (plain numba; int32 arithmetic kept 32-bit with explicit ``np.int32`` so LLVM
 vectorizes it). :func:`kernel_mode` picks the fastest the CPU runs;
-``BITFORMAT_CPU_KERNEL=avx2|portable`` forces another (CI runs on VNNI machines and must still
-test them). Each build's kernels are compiled only when called, so a machine never sees an
-instruction it lacks.
+``BITFORMAT_CPU_KERNEL=avx2|portable`` forces another (tests run every build the machine has,
+and compile the vnni build for a Sapphire Rapids target where the machine lacks it:
+``tests/test_vnni_compile.py``). Each build's kernels are compiled only when called, so a
+machine never runs an instruction it lacks.
 
 The intrinsics stay in this file although it is long: numba's on-disk cache (``cache=True``)
 is invalidated by the timestamp of the kernel's own file only, so kernels here would keep
@@ -841,17 +842,6 @@ def _dot2_avx2(wr, w0, XG, t, n, kind):
     if done < n:
         acc += _dot2_portable(wr, w0 + done, XG[t], done, n - done, kind)
     return acc
-
-
-@njit(inline="always")
-def _dot2_avx2_pair(W, r, XG, t, kind):
-    """(:func:`_dot2_avx2` of row r, of row r + 1) of ``W`` against ``XG[t]`` (the pair
-    :func:`_dot2_vnni_pair` gives on vnni); row r + 1 past the last row gives 0."""
-    rows, bpr = W.shape
-    d0 = _dot2_avx2(W[r], 0, XG, t, bpr, kind)
-    if r + 1 >= rows:
-        return d0, np.int32(0)
-    return d0, _dot2_avx2(W[r + 1], 0, XG, t, bpr, kind)
 
 
 def mm2_avx2(W, XG, corr, s, ws, kind, out):
