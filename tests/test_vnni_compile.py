@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent('''
     K.tq1_vnni.compile(sig(ro(np.zeros((4, 108), np.uint8)), np.zeros((2, 512), np.int8), bsum,
                            s, out))
     codes = ro(np.zeros((8, 64), np.uint8))
-    xq, par = np.zeros((1, 2, 64), np.int8), np.zeros(6)
+    xq, par = np.zeros((1, 2, 64), np.int8), np.zeros((1, 6))
     lo, bmax = np.zeros((1, 8)), S.block_maxima(8, 1)
     S.screen_vnni.compile(sig(codes, xq, np.ones(8), np.ones(8), np.ones(8), par, lo, lo, bmax))
     print("compiled")
