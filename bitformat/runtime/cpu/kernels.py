@@ -459,6 +459,14 @@ def _avx2_madd(builder, width: int):
     return mub, mwd
 
 
+def _avx2_functions(builder):
+    """(vpmaddubsw, vpmaddwd on 256 bits, horizontal int32 sum of 8 lanes), declared in this
+    module (:func:`_vnni_functions` for AVX2)."""
+    red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        ir.IntType(32), [_I32x8]), "llvm.vector.reduce.add.v8i32")
+    return (*_avx2_madd(builder, 32), red)
+
+
 def _make_avx2_dot(shifts: tuple[int, ...], colpack: bool = False):
     """Intrinsic ``dot(w, w_off, xg, x_off, x_stride, n) -> int32`` over n 32-byte chunks: the
     dot of :func:`_make_vnni_dot` for AVX2 (no AVX-512).
@@ -483,9 +491,7 @@ def _make_avx2_dot(shifts: tuple[int, ...], colpack: bool = False):
             w_arr, w_off, x_arr, x_off, x_stride, n = args
             wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
             xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
-            mub, mwd = _avx2_madd(builder, 32)
-            red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                ir.IntType(32), [_I32x8]), "llvm.vector.reduce.add.v8i32")
+            mub, mwd, red = _avx2_functions(builder)
             acc = cgutils.alloca_once_value(builder, ir.Constant(_I32x8, None))
             ones = ir.Constant(_I16x16, [1] * 16)
             c32 = ir.Constant(n.type, 32)
@@ -606,9 +612,7 @@ def _avx2_iq1_pairs(typingctx, w, x, x_off, x_stride, npairs):
         w_arr, x_arr, x_off, x_stride, n = args
         wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
         xptr = context.make_array(signature.args[1])(context, builder, x_arr).data
-        mub, mwd = _avx2_madd(builder, 32)
-        red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            ir.IntType(32), [_I32x8]), "llvm.vector.reduce.add.v8i32")
+        mub, mwd, red = _avx2_functions(builder)
         v16 = ir.VectorType(ir.IntType(8), 16)
         acc = cgutils.alloca_once_value(builder, ir.Constant(_I32x8, None))
         ones = ir.Constant(_I16x16, [1] * 16)

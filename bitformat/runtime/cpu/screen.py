@@ -29,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..exact_head import FINE, REL
-from .kernels import L2, _load64, _prefetch, _vnni_functions
+from .kernels import L2, _avx2_functions, _I16x16, _I32x8, _load64, _prefetch, _vnni_functions
 from .rans import _prefetch_rows
 
 #: bytes ahead that the screen prefetches, into L2 only (prefetcht1). The 328 MB int8 screen
@@ -437,10 +437,6 @@ def refine_vbmi7(P, ids, XQ, sums, scale, A, N, par, lo, hi):
                                             par)
 
 
-_I16x16 = ir.VectorType(ir.IntType(16), 16)
-_I32x8 = ir.VectorType(ir.IntType(32), 8)
-
-
 @intrinsic
 def _screen_dot_avx2(typingctx, w, w_off, x, x_off, n):
     """``(D1, D2)`` of :func:`_make_screen_dot` (int8) on AVX2: n chunks of 16 stored codes
@@ -454,10 +450,7 @@ def _screen_dot_avx2(typingctx, w, w_off, x, x_off, n):
         w_arr, w_off, x_arr, x_off, n = args
         wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
         xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
-        mwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            _I32x8, [_I16x16, _I16x16]), "llvm.x86.avx2.pmadd.wd")
-        red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            ir.IntType(32), [_I32x8]), "llvm.vector.reduce.add.v8i32")
+        _, mwd, red = _avx2_functions(builder)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x8, None)) for _ in range(2)]
         i8x16 = ir.VectorType(ir.IntType(8), 16)
         width = builder.mul(n, ir.Constant(n.type, 16))
