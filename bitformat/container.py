@@ -360,9 +360,9 @@ def check_for_convert(model: Model) -> list[str]:
     tensor, a shape the config does not imply or a config value out of range is refused; NaN
     or infinity in a norm or the embedding is copied as it is and returned as a warning.
     Models of other architectures are converted tensor by tensor without this check."""
-    from .validate import FAMILIES, model_args, validate_model
+    from .validate import known_architecture, model_args, validate_model
 
-    if model.architecture not in FAMILIES:
+    if not known_architecture(model.architecture):
         return []
     return [str(p) for p in validate_model(model, model_args(model), values="warning")]
 

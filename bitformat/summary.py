@@ -98,13 +98,13 @@ def validation_problems(model: Model) -> list[dict]:
     """The validator's findings for ``inspect``: it shows a broken file rather than refuse it."""
     from .container import require_ternary
     from .errors import BitformatError
-    from .validate import FAMILIES, check_model, model_args
+    from .validate import check_model, known_architecture, model_args
 
     try:  # a file with nothing ternary (llama.cpp's Q4_K, ...): one line, not one per tensor
         require_ternary(model)
     except BitformatError as exc:
         return [{"level": "error", "tensor": None, "message": exc.problem}]
-    if model.architecture not in FAMILIES:
+    if not known_architecture(model.architecture):
         return []
     try:
         args = model_args(model)

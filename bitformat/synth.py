@@ -52,6 +52,7 @@ from .container import output_metadata
 from .families import FAMILIES
 from .formats import get_format
 from .gguf_io import GGUFWriter, MetaValue, PlannedTensor
+from .graph import block_shapes
 from .ternary import TernaryTensor
 from .tokenizer import llama3_specials, train_bpe
 
@@ -143,13 +144,8 @@ def _preset(preset: str | Preset) -> Preset:
 
 
 def _block_shapes(p: Preset) -> dict[str, tuple[tuple[int, ...], GGMLType]]:
-    h, f, kv, q, d = p.hidden, p.ffn, p.kv_dim, p.q_dim, p.head_dim
-    i2s, f32 = GGMLType.I2_S, GGMLType.F32
-    every = {"attn_norm": ((h,), f32), "ffn_down": ((h, f), i2s), "ffn_sub_norm": ((f,), f32),
-             "ffn_gate": ((f, h), i2s), "ffn_up": ((f, h), i2s), "ffn_norm": ((h,), f32),
-             "attn_sub_norm": ((h,), f32), "attn_k_norm": ((d,), f32), "attn_k": ((kv, h), i2s),
-             "attn_output": ((h, q), i2s), "attn_q_norm": ((d,), f32), "attn_q": ((q, h), i2s),
-             "attn_v": ((kv, h), i2s)}
+    every = {n: (s, GGMLType.I2_S if len(s) == 2 else GGMLType.F32) for n, s in block_shapes(
+        p.hidden, p.ffn, p.heads, p.kv_heads, p.head_dim).items()}
     have = FAMILIES[p.family].block_tensors()
     return {k: v for k, v in every.items() if k in have}
 
@@ -191,8 +187,8 @@ def model_metadata(preset: str | Preset) -> dict[str, MetaValue]:
     if p.key_length:
         meta[f"{arch}.attention.key_length"] = MetaValue(u32, p.key_length)
         meta[f"{arch}.attention.value_length"] = MetaValue(u32, p.key_length)
-    if fam.id == "bitnet-1bitllm":
-        meta[f"{arch}.hidden_activation"] = MetaValue(ValueType.STRING, "silu")
+    for key, value in fam.metadata.items():  # what tells it from a family of the same arch
+        meta[f"{arch}.{key}"] = MetaValue(ValueType.STRING, value)
     meta["general.quantization_version"] = MetaValue(u32, 2)
     meta.update(train_bpe(p.vocab, llama3_specials(p.specials)).metadata())
     return meta

@@ -9,10 +9,9 @@ the values of the norms and the embedding (no NaN or infinity). It returns a lis
 BitformatError` that names the file and the tensor, and returns the warnings.
 
 A model family declares its tensors: either its args object has a ``tensor_specs()`` method,
-or a function registered in :data:`FAMILIES` under its GGUF architecture names returns them
-(:func:`family_tensors` for every family of :mod:`bitformat.families`, from the block tensor
-names each family lists). The runtime's kernels then only ever see shapes
-that agree with the config they are run with.
+or its architecture is one of a family of :mod:`bitformat.families` (registered families
+included), whose layer graph names the block tensors (:func:`family_tensors`). The runtime's
+kernels then only ever see shapes that agree with the config they are run with.
 
 What is an error and what a warning (docs/reliability.md, "Validation"):
 
@@ -27,7 +26,6 @@ What is an error and what a warning (docs/reliability.md, "Validation"):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,17 +80,12 @@ def family_tensors(args: Any) -> list[TensorSpec]:
     the embedding, the final norm, an optional untied ``output.weight`` and the optional
     per-projection ``.scale`` tensors of upstream llama.cpp's "bitnet" files."""
     from .families import BITNET_2B4T
+    from .graph import block_shapes
 
     family = getattr(args, "family", None) or BITNET_2B4T
-    h, f, d = args.dim, args.hidden_dim, args.head_dim
-    q, kv = args.n_heads * d, args.n_kv_heads * d
-    shapes = {"attn_norm": ((h,), "norm"), "ffn_norm": ((h,), "norm"),
-              "attn_sub_norm": ((q,), "norm"), "ffn_sub_norm": ((f,), "norm"),
-              "attn_q_norm": ((d,), "norm"), "attn_k_norm": ((d,), "norm"),
-              "attn_q": ((q, h), "ternary"), "attn_k": ((kv, h), "ternary"),
-              "attn_v": ((kv, h), "ternary"), "attn_output": ((h, q), "ternary"),
-              "ffn_gate": ((f, h), "ternary"), "ffn_up": ((f, h), "ternary"),
-              "ffn_down": ((h, f), "ternary")}
+    h = args.dim
+    shapes = {n: (s, "ternary" if len(s) == 2 else "norm") for n, s in block_shapes(
+        h, args.hidden_dim, args.n_heads, args.n_kv_heads, args.head_dim).items()}
     block = [n for n in family.block_tensors() if n in shapes]
     out = [TensorSpec("token_embd.weight", (args.vocab_size, h), "embedding"),
            TensorSpec("output_norm.weight", (h,), "norm"),
@@ -110,15 +103,11 @@ def bitnet_tensors(args: Any) -> list[TensorSpec]:
     return family_tensors(args)
 
 
-def _architectures() -> tuple[str, ...]:
+def known_architecture(arch: Any) -> bool:
+    """Whether a family bitformat runs has the GGUF architecture ``arch``."""
     from .families import ARCHITECTURES
 
-    return ARCHITECTURES
-
-
-#: GGUF architecture -> its tensor list, for args objects without a ``tensor_specs()``.
-FAMILIES: dict[str, Callable[[Any], list[TensorSpec]]] = {
-    arch: family_tensors for arch in _architectures()}
+    return arch in ARCHITECTURES
 
 
 def tensor_specs(args: Any) -> list[TensorSpec] | None:
@@ -126,8 +115,7 @@ def tensor_specs(args: Any) -> list[TensorSpec] | None:
     own = getattr(args, "tensor_specs", None)
     if callable(own):
         return list(own())
-    fn = FAMILIES.get(getattr(args, "arch", None))
-    return fn(args) if fn is not None else None
+    return family_tensors(args) if known_architecture(getattr(args, "arch", None)) else None
 
 
 def check_args(args: Any) -> list[Problem]:

@@ -37,6 +37,7 @@ from ..constants import ValueType
 from ..errors import FormatError, MetadataError, UnsupportedConversionError
 from ..families import BITNET_1BITLLM, BITNET_2B4T, Family, hf_family
 from ..gguf_io import ARRAY_DTYPE, MetaValue, pack_value, sanitize
+from ..graph import block_shapes
 from ..safetensors_io import FLOAT_DTYPES
 
 ARCH = "bitnet-b1.58"
@@ -126,15 +127,11 @@ class Hyper:
     def shapes(self, untied: bool = False) -> dict[str, tuple[int, ...]]:
         """GGUF name -> expected numpy shape of every tensor the model must have (with
         ``output.weight`` if ``untied``)."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        h, f = self.hidden, self.ff
+        h = self.hidden
         out = {"token_embd.weight": (self.vocab, h), "output_norm.weight": (h,)}
         if untied:
             out["output.weight"] = (self.vocab, h)
-        every = {"attn_norm": (h,), "ffn_norm": (h,), "attn_sub_norm": (h,), "ffn_sub_norm": (f,),
-                 "attn_q_norm": (self.head_dim,), "attn_k_norm": (self.head_dim,),
-                 "attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q),
-                 "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f)}
+        every = block_shapes(h, self.ff, self.heads, self.kv_heads, self.head_dim)
         per = {k: every[k] for k in self.family.block_tensors()}
         for i in range(self.layers):
             out.update({f"blk.{i}.{k}.weight": s for k, s in per.items()})

@@ -17,8 +17,8 @@ from .generate import (
     stream_generate,
 )
 from .loader import BACKENDS, LoadedModel, load
-from .models import BitNet, ModelArgs
+from .models import ModelArgs, Transformer
 
-__all__ = ["BACKENDS", "BitNet", "GenerationResponse", "GenerationResult", "GenerationStats",
-           "LoadedModel", "ModelArgs", "generate", "generate_step", "load", "make_sampler",
-           "stream_generate"]
+__all__ = ["BACKENDS", "GenerationResponse", "GenerationResult", "GenerationStats",
+           "LoadedModel", "ModelArgs", "Transformer", "generate", "generate_step", "load",
+           "make_sampler", "stream_generate"]

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import RequestError
-from .models import BitNet, KVCache, Segment
+from .models import KVCache, Segment, Transformer
 from .sampling import Sampler, SamplingParams, make_sampler
 from .textstream import TextStream
 
@@ -57,7 +57,7 @@ class GenerationStats:
         return steps / self.generation_seconds if steps > 0 and self.generation_seconds else 0.0
 
 
-def generate_step(model: BitNet, prompt: Sequence[int], *, max_new_tokens: int = 256,
+def generate_step(model: Transformer, prompt: Sequence[int], *, max_new_tokens: int = 256,
                   sampling: SamplingParams | None = None, context: int | None = None,
                   stats: GenerationStats | None = None, cache: KVCache | None = None
                   ) -> Iterator[int]:
@@ -133,7 +133,7 @@ class GenerationResult:
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
-def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
+def stream_generate(model: Transformer, tokenizer, prompt: str | Sequence[int], *,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                     top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                     seed: int | None = None, stop_ids: Sequence[int] | None = None,
@@ -179,7 +179,8 @@ def stream_generate(model: BitNet, tokenizer, prompt: str | Sequence[int], *,
     yield GenerationResponse("", None, "length", stats)
 
 
-def generate(model: BitNet, tokenizer, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
+def generate(model: Transformer, tokenizer, prompt: str | Sequence[int], **kwargs
+             ) -> GenerationResult:
     """The whole answer of :func:`stream_generate` (same arguments)."""
     return collect(stream_generate(model, tokenizer, prompt, **kwargs))
 

@@ -21,7 +21,7 @@ from bitformat.errors import RequestError
 from bitformat.formats import FORMAT_IDS
 from bitformat.runtime import generate_step
 from bitformat.runtime.backend import QuantizedActivations, quantize_activations
-from bitformat.runtime.models import BitNet, ModelArgs
+from bitformat.runtime.models import ModelArgs, Transformer
 from bitformat.runtime.models import base as model_mod
 from bitformat.runtime.numpy_backend import NumpyBackend
 from bitformat.runtime.wgpu.backend import WgpuBackend
@@ -98,7 +98,7 @@ def test_logits_match_numpy(nets, fid, monkeypatch):
         net.trace = False
     assert got.shape == (len(PROMPT), net.args.vocab_size) and np.isfinite(got).all()
     assert len(net.trace_log) == len(PROMPT)
-    ref = BitNet(net.args, NumpyBackend(c))
+    ref = Transformer(net.args, NumpyBackend(c))
     plain = ref.forward(PROMPT, ref.new_cache(len(PROMPT)), all_logits=True)
     shared = GpuQuant(monkeypatch, net.trace_log)
     want = ref.forward(PROMPT, ref.new_cache(len(PROMPT)), all_logits=True)
@@ -111,7 +111,7 @@ def test_logits_match_numpy(nets, fid, monkeypatch):
 @pytest.mark.parametrize("fid", VARIANTS)
 def test_greedy_identical(nets, fid):
     c, net = nets[fid]
-    ref = BitNet(net.args, NumpyBackend(c))
+    ref = Transformer(net.args, NumpyBackend(c))
     want = list(generate_step(ref, PROMPT, max_new_tokens=24))
     assert net.generate_greedy(PROMPT, 24) == want  # argmax on the GPU, 4 bytes a token
     assert list(generate_step(net, PROMPT, max_new_tokens=8)) == want[:8]
@@ -138,10 +138,10 @@ def test_split_bindings_and_lanes_give_the_same_logits(tiny_all, nets, devices):
 def test_op_by_op_backend(nets, fid, gpu):
     """The Backend protocol: numpy's graph with GPU BitLinear and LM head."""
     c, _ = nets[fid]
-    ref = BitNet(args_of(c), NumpyBackend(c))
+    ref = Transformer(args_of(c), NumpyBackend(c))
     want = ref.forward(PROMPT, ref.new_cache(len(PROMPT)), all_logits=True)
     be = WgpuBackend(c, device=gpu, decode=fid.partition(":")[2] or "load")
-    net = BitNet(args_of(c), be)
+    net = Transformer(args_of(c), be)
     assert rel_err(net.forward(PROMPT, net.new_cache(len(PROMPT)), all_logits=True), want) < 1e-5
 
 
@@ -252,7 +252,7 @@ def test_batched_prompt_equals_token_by_token(nets, gpu, tiny_all):
     assert net2.host_steps - steps == 5  # ceil(37 / 8) command buffers
     one_by_one = net.forward(prompt, net.new_cache(len(prompt)), all_logits=True)[-1:]
     assert rel_err(batched, one_by_one) < 1e-5
-    ref = BitNet(net.args, NumpyBackend(c))
+    ref = Transformer(net.args, NumpyBackend(c))
     assert net2.generate_greedy(prompt, 12) == list(generate_step(ref, prompt,
                                                                   max_new_tokens=12))
 
@@ -261,7 +261,7 @@ def test_the_step_in_flight_is_dropped_when_the_caller_goes_elsewhere(nets):
     """greedy() submits the step after each token before returning it; a call with another
     token (a sampled one), another cache, or logits instead, must not see that step."""
     c, net = nets["stfma"]
-    ref = BitNet(net.args, NumpyBackend(c))
+    ref = Transformer(net.args, NumpyBackend(c))
     cache = net.new_cache(40)
     seq = list(PROMPT)
     t = net.greedy(seq, cache)
@@ -290,7 +290,7 @@ def test_long_contexts_split_attention_into_runs(nets):
     c, net = nets["i2_s"]
     assert [splits(n) for n in (1, 32, 33, 230, 1024, 8192, 8193)] == [1, 1, 2, 8, 32, 32, 33]
     prompt = [(11 * i + 5) % net.args.vocab_size for i in range(230)]
-    ref = BitNet(net.args, NumpyBackend(c))
+    ref = Transformer(net.args, NumpyBackend(c))
     assert net.generate_greedy(prompt, 20) == list(generate_step(ref, prompt,
                                                                  max_new_tokens=20))
 

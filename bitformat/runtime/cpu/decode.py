@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import carray, get_num_threads, njit, prange
 
+from ...graph import NotLowerable, decoder_shape
 from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, amx_tail, block_scratch
 from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
 from .ops import (
@@ -519,22 +520,27 @@ class Plan:
     @classmethod
     def of(cls, net, be) -> Plan | None:
         """The plan for ``net`` (:class:`..models.base.Transformer`) on cpu backend ``be``, or
-        None where :func:`decode_row` does not compute what ``net.forward_hidden`` does."""
+        None where :func:`decode_row` does not compute what ``net.forward_hidden`` does: the
+        family's graph (:mod:`bitformat.graph`) lowered onto this step's phases, which are a
+        :func:`~bitformat.graph.decoder_graph` with both sub-norms and ReLU^2."""
         a = net.args
-        fam = a.family
-        if (fam.activation != "relu2" or not fam.sub_norms or net.hf_order is not None
-                or be._arena.buf is None):
+        try:  # the layer this step computes: a decoder_graph with sub-norms and ReLU^2
+            shape = decoder_shape(net.graph)
+        except NotLowerable:
+            return None
+        norms = (shape.attn_norm, shape.attn_sub_norm, shape.ffn_norm, shape.ffn_sub_norm)
+        if (shape.activation != "relu2" or None in norms or shape.qk_norm is not None
+                or shape.interleaved_qk or be._arena.buf is None):
             return None
         buf = be._arena.buf
         mats = np.zeros((a.n_layers, 4, 5), np.int64)
         scales, at, layouts = [], 0, set()
         gains = np.zeros((a.n_layers, 4, max(a.dim, a.hidden_dim)), np.float32)
         for i, blk in enumerate(net.blocks):
-            if blk.q_norm is not None or blk.out_scale or blk.attn_sub_norm is None \
-                    or blk.ffn_sub_norm is None:
+            if blk.out_scale:
                 return None
-            ws = [blk.stacked.get(("attn_q", "attn_k", "attn_v")), blk.proj["attn_output"],
-                  blk.stacked.get(("ffn_gate", "ffn_up")), blk.proj["ffn_down"]]
+            ws = [blk.stacked.get(shape.qkv), blk.proj[shape.out],
+                  blk.stacked.get(shape.gate_up), blk.proj[shape.down]]
             for j, w in enumerate(ws):
                 if (w is None or getattr(w, "layout", "") not in LANES
                         or w.kind == KIND_COLPACK or not np.shares_memory(w.data, buf)
@@ -545,8 +551,8 @@ class Plan:
                               at, w.kind)
                 scales.append(np.asarray(w.scale, np.float32).reshape(-1))
                 at += w.rows
-            for j, g in enumerate((blk.attn_norm, blk.attn_sub_norm, blk.ffn_norm,
-                                   blk.ffn_sub_norm)):
+            for j, n in enumerate(norms):
+                g = blk.vectors[n]
                 gains[i, j, :g.size] = g
         if len(layouts) != 1 or (mats[:, GATE_UP, ROWS] != 2 * a.hidden_dim).any():
             return None

@@ -1,6 +1,6 @@
-"""Model families: one module each (``bitnet.py``: BitNet b1.58 2B-4T and 1bitLLM,
-``llama.py``: Llama/Falcon3 ternary, ``qwen3.py``: Qwen3/Bonsai), the shared decoder and
-parts in ``base.py``; :mod:`bitformat.families` tells the families apart."""
+"""The decoder every family shares (``base.py``: :class:`Transformer`, which runs a family's
+layer as :mod:`bitformat.graph` describes it), its sizes (:class:`ModelArgs`) and KV cache;
+:mod:`bitformat.families` holds each family's graph and names."""
 
 from __future__ import annotations
 
@@ -14,18 +14,13 @@ from .base import (
     Segment,
     Transformer,
 )
-from .bitnet import BitNet
-from .llama import Llama
-from .qwen3 import Qwen3
-
-#: family id -> its network class
-MODELS: dict[str, type[Transformer]] = {"bitnet-2b4t": BitNet, "bitnet-1bitllm": BitNet,
-                                        "llama": Llama, "qwen3": Qwen3}
 
 
 def model_class(args: ModelArgs) -> type[Transformer]:
-    return MODELS[args.family.id]
+    """The network that runs ``args``' family op by op: the shared :class:`Transformer`
+    for every family (each family differs only in its graph)."""
+    return Transformer
 
 
-__all__ = ["ARCHITECTURES", "INPUT_GROUPS", "MODELS", "PROJECTIONS", "BitNet", "KVCache", "Llama",
-           "ModelArgs", "Qwen3", "Rows", "Segment", "Transformer", "model_class"]
+__all__ = ["ARCHITECTURES", "INPUT_GROUPS", "PROJECTIONS", "KVCache", "ModelArgs", "Rows",
+           "Segment", "Transformer", "model_class"]

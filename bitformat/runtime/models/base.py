@@ -230,6 +230,9 @@ def silu_glu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return gate / (one + np.exp(-gate)) * up
 
 
+GLU = {"relu2": relu2_glu, "silu": silu_glu}
+
+
 def interleave_order(head_dim: int) -> np.ndarray:
     """Where llama.cpp's converter puts each HF row of a head of q/k (``permute``): GGUF row
     ``2i + p`` of a head holds HF row ``p * d/2 + i`` (interleaved RoPE pairs)."""
@@ -238,14 +241,9 @@ def interleave_order(head_dim: int) -> np.ndarray:
 
 @dataclass
 class Block:
-    """The weights of one decoder layer: norm gains and backend handles of the projections."""
+    """The weights of one decoder layer, by the names its graph's steps give them."""
 
-    attn_norm: np.ndarray
-    ffn_norm: np.ndarray
-    attn_sub_norm: np.ndarray | None  # families with sub-norms (BitNet)
-    ffn_sub_norm: np.ndarray | None
-    q_norm: np.ndarray | None  # families with q/k norms (Qwen3): gains [head_dim]
-    k_norm: np.ndarray | None
+    vectors: dict[str, np.ndarray]  # norm gains: "attn_norm" ... -> float vector
     proj: dict[str, Any]  # "attn_q" ... "ffn_down" -> backend weight
     out_scale: dict[str, float]  # optional per-projection .scale tensors (upstream "bitnet")
     stacked: dict[tuple[str, ...], Any]  # (q, k, v) and (gate, up) as one weight, if possible
@@ -254,20 +252,12 @@ class Block:
 class Transformer:
     """The network of every family: ``forward(tokens, cache)`` -> logits, on any backend.
 
-    One decoder layer, pre-norm residual::
-
-        a = RMSNorm(h)                          q, k, v = BitLinear(a)   (GQA: kv heads < heads)
-        q, k = RMSNorm_head(q), RMSNorm_head(k)  (q/k norm families)
-        q, k = RoPE(q), RoPE(k)                 rotate-half on HF-ordered rows
-        o = softmax(q k^T / sqrt(d) + causal) v
-        h = h + BitLinear_o(RMSNorm_sub(o))     (sub-norm families; else BitLinear_o(o))
-        f = RMSNorm(h)                          g = act(BitLinear_gate(f)) * BitLinear_up(f)
-        h = h + BitLinear_down(RMSNorm_sub(g))  (sub-norm families; else BitLinear_down(g))
-
-    and ``logits = RMSNorm(h) @ H^T`` with H ``output.weight`` if the file has one, else the
-    token embedding. ``BitLinear(x) = (Q8(x) @ T^T) / s * scale``: per-token absmax int8
-    activations. Files whose q/k rows are in llama.cpp's interleaved order (``llama``) have
-    their q/k outputs put back in HF order before RoPE, which is the same attention.
+    It runs the family's layer as its graph describes it (:mod:`bitformat.graph`: the steps,
+    in order, over named values), and ``logits = RMSNorm(h) @ H^T`` with H ``output.weight``
+    if the file has one, else the token embedding. ``BitLinear(x) = (Q8(x) @ T^T) / s *
+    scale``: per-token absmax int8 activations. The backend does the projections, norms,
+    quantization and attention (:class:`..backend.Backend`); a backend with a fused step of
+    its own lowers the same graph (``decode_plan``).
     """
 
     def __init__(self, args: ModelArgs, backend: Backend, *,
@@ -276,33 +266,32 @@ class Transformer:
         "full" or "screened" (:mod:`..exact_head`: the same tokens from fewer bytes)."""
         self.args, self.be = args, backend
         self.head = Head(backend, head)
-        fam = args.family
+        self.graph = graph = args.family.graph
         names = {e.name for e in backend.model.entries}
         self.blocks = []
-
-        def opt(name: str, present: bool) -> np.ndarray | None:
-            return backend.vector(name) if present else None
-
         for i in range(args.n_layers):
             if progress is not None:
                 progress(i, args.n_layers)
             p = f"blk.{i}."
-            proj = {n: backend.weight(f"{p}{n}.weight") for n in PROJECTIONS}
-            stacked = {group: backend.stack([proj[n] for n in group]) for group in INPUT_GROUPS}
+            proj, vectors, stacked = {}, {}, {}
+            for step in graph.steps:
+                if step.op == "linear":
+                    for n in step.weights:
+                        proj[n] = backend.weight(f"{p}{n}.weight")
+                    if len(step.weights) > 1:
+                        w = backend.stack([proj[n] for n in step.weights])
+                        if w is not None:
+                            stacked[step.weights] = w
+                else:
+                    for n in step.weights:
+                        vectors[n] = backend.vector(f"{p}{n}.weight")
             self.blocks.append(Block(
-                backend.vector(f"{p}attn_norm.weight"), backend.vector(f"{p}ffn_norm.weight"),
-                opt(f"{p}attn_sub_norm.weight", fam.sub_norms),
-                opt(f"{p}ffn_sub_norm.weight", fam.sub_norms),
-                opt(f"{p}attn_q_norm.weight", fam.qk_norm),
-                opt(f"{p}attn_k_norm.weight", fam.qk_norm),
-                proj,
-                {n: float(backend.vector(f"{p}{n}.scale").reshape(-1)[0])
-                 for n in PROJECTIONS if f"{p}{n}.scale" in names},
-                {g: w for g, w in stacked.items() if w is not None}))
+                vectors, proj, {n: float(backend.vector(f"{p}{n}.scale").reshape(-1)[0])
+                                for n in proj if f"{p}{n}.scale" in names}, stacked))
         self.norm = backend.vector("output_norm.weight")
         d = args.head_dim
         self.inv_freq = 1.0 / args.rope_theta ** (np.arange(0, d, 2) / d)  # [d/2], float64
-        self.hf_order = np.argsort(interleave_order(d)) if fam.permuted_qk else None
+        self.hf_order = np.argsort(interleave_order(d)) if graph.has("hf_rows") else None
 
     _plan: Any = False  # the backend's plan for a one-token step, once asked (None: none)
 
@@ -345,13 +334,53 @@ class Transformer:
             return quantize_activations(np.ascontiguousarray(x))
         return self.be.norm_quant(x, gain, self.args.norm_eps)
 
-    def _ffn_input(self, gate: np.ndarray, up: np.ndarray, blk: Block) -> QuantizedActivations:
-        """The int8 input of down_proj: the gated FFN, its sub-norm if any."""
-        if self.args.family.activation == "relu2":
-            if activation_hook is None and blk.ffn_sub_norm is not None:
-                return self.be.glu_norm_quant(gate, up, blk.ffn_sub_norm, self.args.norm_eps)
-            return self._quant(relu2_glu(gate, up), blk.ffn_sub_norm)
-        return self._quant(silu_glu(gate, up), blk.ffn_sub_norm)
+    def _layer(self, i: int, blk: Block, h: np.ndarray, rows: Rows) -> np.ndarray:
+        """Layer ``i``: the graph's steps in order on the hidden states ``h`` [n, dim]."""
+        a = self.args
+        eps, hd, n = a.norm_eps, a.head_dim, rows.n
+        val: dict[str, Any] = {"h": h}
+        steps = self.graph.steps
+        skip = False
+        for j, s in enumerate(steps):
+            if skip:
+                skip = False
+                continue
+            if s.op == "norm_quant":
+                val[s.out[0]] = self._quant(val[s.src[0]],
+                                            blk.vectors[s.weights[0]] if s.weights else None)
+            elif s.op == "linear":
+                val.update(zip(s.out, self._linears(blk, s.weights, val[s.src[0]]),
+                               strict=True))
+            elif s.op == "hf_rows":
+                for v in s.src:
+                    x = val[v]
+                    val[v] = x.reshape(n, -1, hd)[..., self.hf_order].reshape(n, -1)
+            elif s.op == "head_norm":
+                for v, g in zip(s.src, s.weights, strict=True):
+                    val[v] = rms_norm(val[v].reshape(n, -1, hd), blk.vectors[g], eps
+                                      ).reshape(n, -1)
+            elif s.op == "attention":
+                q, k, v = (val[x] for x in s.src)
+                val[s.out[0]] = rows.attend(
+                    self.be, i, np.ascontiguousarray(q.reshape(n, a.n_heads, hd)),
+                    np.ascontiguousarray(k.reshape(n, a.n_kv_heads, hd)),
+                    v.reshape(n, a.n_kv_heads, hd))
+            elif s.op == "glu":
+                gate, up = val[s.src[0]], val[s.src[1]]
+                nxt = steps[j + 1] if j + 1 < len(steps) else None
+                if (s.arg == "relu2" and activation_hook is None and nxt is not None
+                        and nxt.op == "norm_quant" and nxt.src == s.out and nxt.weights):
+                    # ReLU^2, norm and int8 in one backend call (the same arithmetic)
+                    gain = blk.vectors[nxt.weights[0]]
+                    val[nxt.out[0]] = self.be.glu_norm_quant(gate, up, gain, eps)
+                    skip = True
+                else:
+                    val[s.out[0]] = GLU[s.arg](gate, up)
+            elif s.op == "add":
+                val[s.out[0]] = val[s.src[0]] + val[s.src[1]]
+            else:  # graph.OPS and this interpreter disagree
+                raise UnsupportedConversionError(f"the layer step {s.op!r} has no numpy form")
+        return val["h"]
 
     def forward(self, tokens: Sequence[int], cache: KVCache, *,
                 all_logits: bool = False) -> np.ndarray:
@@ -380,7 +409,7 @@ class Transformer:
         """
         a = self.args
         rows = Rows.of(segments, a, self.be.dtype, self.inv_freq)
-        eps, hd, n = a.norm_eps, a.head_dim, rows.n
+        eps, n = a.norm_eps, rows.n
         if (n == len(rows.spans) and activation_hook is None and self.kv_type == "f32"
                 and self._decode_plan() is not None):
             # a token per request: every layer in one backend call, the same arithmetic
@@ -396,18 +425,6 @@ class Transformer:
                 return rms_norm(h, self.norm, eps)
         h = self.be.embed(rows.ids)  # [n, dim]
         for i, blk in enumerate(self.blocks):
-            x = self._quant(h, blk.attn_norm)
-            q, k, v = self._linears(blk, ("attn_q", "attn_k", "attn_v"), x)
-            q = q.reshape(n, a.n_heads, hd)
-            k, v = k.reshape(n, a.n_kv_heads, hd), v.reshape(n, a.n_kv_heads, hd)
-            if self.hf_order is not None:
-                q, k = q[..., self.hf_order], k[..., self.hf_order]
-            if blk.q_norm is not None:
-                q, k = rms_norm(q, blk.q_norm, eps), rms_norm(k, blk.k_norm, eps)
-            o = rows.attend(self.be, i, np.ascontiguousarray(q), np.ascontiguousarray(k), v)
-            h = h + self._linear(blk, "attn_output", self._quant(o, blk.attn_sub_norm))
-            f = self._quant(h, blk.ffn_norm)
-            gate, up = self._linears(blk, ("ffn_gate", "ffn_up"), f)  # [n, hidden_dim] each
-            h = h + self._linear(blk, "ffn_down", self._ffn_input(gate, up, blk))
+            h = self._layer(i, blk, h, rows)
         rows.advance()
         return rms_norm(h if all_positions else h[rows.last], self.norm, eps)

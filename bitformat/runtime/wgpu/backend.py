@@ -16,7 +16,7 @@ Two ways to run a model:
 
 * :class:`WgpuBackend` implements the :class:`~.backend.Backend` protocol (``bitlinear``,
   ``lm_head``, one submit each) so the numpy
-  :class:`~..models.bitnet.BitNet` can run on it, op by op;
+  :class:`~..models.base.Transformer` can run on it, op by op;
 * :class:`~.network.WgpuBitNet` (built by the loader over this backend), which runs the whole
   token on the GPU (one command buffer per token, KV cache on the GPU, argmax on the GPU).
 

@@ -1,7 +1,9 @@
 """The whole forward pass of every family on a wgpu device: a few fused dispatches a layer.
 
-The same graph as :class:`~..models.base.Transformer` (docs/gpu.md, "The decode step"), every
-dispatch of a token recorded into one compute pass and submitted once::
+The family's layer as :mod:`bitformat.graph` describes it, lowered onto these kernels
+(:func:`~bitformat.graph.decoder_shape` reads the norms, q/k handling and activation back
+from the graph's steps, and a step they do not compute is refused by name; docs/gpu.md, "The
+decode step"), every dispatch of a token recorded into one compute pass and submitted once::
 
     embed_step                 h = E[state.token]                    (each embedding chunk)
     per layer:
@@ -41,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import RequestError, UnsupportedConversionError
+from ...graph import NotLowerable, decoder_shape
 from ..exact_head import Head
 from ..models.base import ModelArgs
 from ..sampling import Sampler
@@ -140,6 +143,11 @@ class WgpuBitNet:
             raise UnsupportedConversionError(
                 f"the fused decode step needs subgroup operations, which {dev.name} lacks; "
                 "the model runs op by op")
+        try:  # the family's layer, lowered onto these kernels (module text)
+            self.shape = decoder_shape(a.family.graph)
+        except NotLowerable as e:
+            raise UnsupportedConversionError(f"the {a.family.id} layer does not lower onto the "
+                                             f"wgpu network's kernels: {e}") from None
         self.head = Head(backend, head)  # how decode chooses tokens (exact_head.py)
         self._progress = progress  # (layer, n_layers) as each layer's weights are uploaded
         self.max_len = int(min(context or backend.context or a.context_length,
@@ -202,7 +210,7 @@ class WgpuBitNet:
         subs["XV4"] = str(64 + 2 * (-(-n // 256) * 16))  # both layouts (the op-by-op block)
         k = dev.kernel("norm_block", subs, COLS=n, QUANT=int(quant),
                        NORM=int(norm), COMBINE=int(combine is not None),
-                       ACT=int(a.family.activation == "silu"), EPS=np.float32(a.norm_eps),
+                       ACT=int(self.shape.activation == "silu"), EPS=np.float32(a.norm_eps),
                        LAYOUT=2, TRACE=int(trace is not None))
         g = dev.bind(k, src, combine if combine is not None else src,
                      gain if gain is not None else src, self.be.x if quant else dev.scratch,
@@ -217,7 +225,7 @@ class WgpuBitNet:
         quantize their input themselves; otherwise (CPU adapters, rans matrices) one
         ``norm_block`` writes the activation block and the op-by-op kernels read it."""
         a, out = self.args, []
-        act = int(a.family.activation == "silu")
+        act = int(self.shape.activation == "silu")
         n = mats[0][0].cols
         block_done = False
         for m, y, osc in mats:
@@ -242,16 +250,15 @@ class WgpuBitNet:
         return buf
 
     def _build(self, *, trace: bool) -> _Program:
-        a, dev, be = self.args, self.dev, self.be
-        fam = a.family
+        a, dev, be, sh = self.args, self.dev, self.be, self.shape
         hd, kvd, nq = a.head_dim, a.n_kv_heads * a.head_dim, a.n_heads * a.head_dim
         prog = _Program()
-        perm = int(fam.permuted_qk)
+        perm = int(sh.interleaved_qk)
         asub = {"QS4": str(self.gq * hd // 4), "SCN": str(self.gq * CMAX)}
         attn = dev.kernel("attn_split", asub, H=a.n_heads, KVH=a.n_kv_heads, HD=hd,
                           ML=self.max_len, INV=np.float32(1.0 / np.sqrt(hd)),
-                          QKN=int(fam.qk_norm), PERM=perm, EPS=np.float32(a.norm_eps),
-                          SMAX=self.smax, CMAX=CMAX)
+                          QKN=int(sh.qk_norm is not None), PERM=perm,
+                          EPS=np.float32(a.norm_eps), SMAX=self.smax, CMAX=CMAX)
         merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=SPLIT, SPAR=SPAR,
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.part, self.state, self.o),
@@ -263,12 +270,12 @@ class WgpuBitNet:
                 self._progress(i, a.n_layers)
             L: list[Dispatch] = []
             mark = 0
-            names = [f"{p}attn_{x}.weight" for x in ("q", "k", "v")]
+            names = [f"{p}{x}.weight" for x in sh.qkv]
             tr = self._trace_buf(prog, i, 0, a.dim, trace)
             stack = be.stacked(names) if dev.fused else None
             if stack is not None:
                 osc = [self._out_scale(n[:-7]) for n in names]
-                L += stack.fused_dispatches(self.h, self._gain(f"{p}attn_norm.weight"),
+                L += stack.fused_dispatches(self.h, self._gain(f"{p}{sh.attn_norm}.weight"),
                                             self.qkv, 0, norm=True, eps=a.norm_eps,
                                             trace=tr, out_scales=osc + [1.0])
             else:
@@ -276,10 +283,10 @@ class WgpuBitNet:
                 ys = [(self.qkv, 4 * offs[j], 4 * (offs[j + 1] - offs[j])) for j in range(3)]
                 L += self._project([(be.weight(n), y, (self._out_scale(n[:-7]), 1.0))
                                     for n, y in zip(names, ys, strict=True)],
-                                   self.h, self._gain(f"{p}attn_norm.weight"), 0, norm=True,
-                                   trace=tr)
+                                   self.h, self._gain(f"{p}{sh.attn_norm}.weight"), 0,
+                                   norm=True, trace=tr)
             mark = _label(L, mark, "qkv")
-            ng = self._qk_gains(p) if fam.qk_norm else self.cs
+            ng = self._qk_gains(p) if sh.qk_norm else self.cs
             prog.attention.append(at + sum(map(len, prog.layers)) + len(L))
             L.append(Dispatch("attention", attn,
                               dev.bind(attn, self.qkv, self.kc[i], self.vc[i], self.cs,
@@ -288,34 +295,35 @@ class WgpuBitNet:
                               "attn_split"))
             L.append(merge_d)
             mark = len(L)
-            sub = fam.sub_norms
+            sub = sh.attn_sub_norm
             tr = self._trace_buf(prog, i, 1, nq, trace)
-            L += self._project([(be.weight(f"{p}attn_output.weight"), self.h,
-                                 (self._out_scale(f"{p}attn_output"), 1.0))], self.o,
-                               self._gain(f"{p}attn_sub_norm.weight") if sub else None, 1,
-                               norm=sub, trace=tr)
+            L += self._project([(be.weight(f"{p}{sh.out}.weight"), self.h,
+                                 (self._out_scale(f"{p}{sh.out}"), 1.0))], self.o,
+                               self._gain(f"{p}{sub}.weight") if sub else None, 1,
+                               norm=sub is not None, trace=tr)
             mark = _label(L, mark, "o")
             tr = self._trace_buf(prog, i, 2, a.dim, trace)
             # the op-by-op pair kernel's epilogue is relu^2 only
-            pair = be.pair(f"{p}ffn_gate.weight", f"{p}ffn_up.weight") \
-                if dev.fused or fam.activation == "relu2" else None
+            gname, uname = sh.gate_up
+            pair = be.pair(f"{p}{gname}.weight", f"{p}{uname}.weight") \
+                if dev.fused or sh.activation == "relu2" else None
             combine = None
-            gu = (self._out_scale(f"{p}ffn_gate"), self._out_scale(f"{p}ffn_up"))
+            gu = (self._out_scale(f"{p}{gname}"), self._out_scale(f"{p}{uname}"))
+            fgain = self._gain(f"{p}{sh.ffn_norm}.weight")
             if pair is not None:
-                L += self._project([(pair, self.g, gu)], self.h,
-                                   self._gain(f"{p}ffn_norm.weight"), 2, norm=True, trace=tr)
+                L += self._project([(pair, self.g, gu)], self.h, fgain, 2, norm=True, trace=tr)
             else:
-                L += self._project([(be.weight(f"{p}ffn_gate.weight"), self.g, (gu[0], 1.0)),
-                                    (be.weight(f"{p}ffn_up.weight"), self.u, (gu[1], 1.0))],
-                                   self.h, self._gain(f"{p}ffn_norm.weight"), 0, norm=True,
-                                   trace=tr)
+                L += self._project([(be.weight(f"{p}{gname}.weight"), self.g, (gu[0], 1.0)),
+                                    (be.weight(f"{p}{uname}.weight"), self.u, (gu[1], 1.0))],
+                                   self.h, fgain, 0, norm=True, trace=tr)
                 combine = self.u
             mark = _label(L, mark, "gate_up")
             tr = self._trace_buf(prog, i, 3, a.hidden_dim, trace)
-            L += self._project([(be.weight(f"{p}ffn_down.weight"), self.h,
-                                 (self._out_scale(f"{p}ffn_down"), 1.0))], self.g,
-                               self._gain(f"{p}ffn_sub_norm.weight") if sub else None, 1,
-                               norm=sub, trace=tr, combine=combine)
+            sub = sh.ffn_sub_norm
+            L += self._project([(be.weight(f"{p}{sh.down}.weight"), self.h,
+                                 (self._out_scale(f"{p}{sh.down}"), 1.0))], self.g,
+                               self._gain(f"{p}{sub}.weight") if sub else None, 1,
+                               norm=sub is not None, trace=tr, combine=combine)
             mark = _label(L, mark, "down")
             prog.layers.append(L)
         prog.norm = self._norm_block(self.h, self._gain("output_norm.weight"), a.dim,
@@ -342,26 +350,26 @@ class WgpuBitNet:
 
     def _qk_gains(self, p: str) -> Any:
         a = self.args
-        g = np.concatenate([self.be.vector(f"{p}attn_q_norm.weight").reshape(-1),
-                            self.be.vector(f"{p}attn_k_norm.weight").reshape(-1)])
+        qn, kn = self.shape.qk_norm
+        g = np.concatenate([self.be.vector(f"{p}{qn}.weight").reshape(-1),
+                            self.be.vector(f"{p}{kn}.weight").reshape(-1)])
         if g.size != 2 * a.head_dim:
-            raise UnsupportedConversionError(f"{p}attn_q_norm/attn_k_norm: {g.size} gains, "
+            raise UnsupportedConversionError(f"{p}{qn}/{kn}: {g.size} gains, "
                                              f"expected 2 x {a.head_dim}")
         return self.dev.upload(g.astype(np.float32), f"{p}qk_norm")
 
     def _build_batch(self) -> _Batch | None:
         """The batched prompt (every projection fused, every q|k|v stacked and gate|up
         paired), or None where one is not (those prompts run token by token)."""
-        a, dev, be = self.args, self.dev, self.be
-        fam = a.family
+        a, dev, be, sh = self.args, self.dev, self.be, self.shape
         hd, kvd, nq = a.head_dim, a.n_kv_heads * a.head_dim, a.n_heads * a.head_dim
         stacks, pairs, outs, downs = [], [], [], []
         for i in range(a.n_layers):
             p = f"blk.{i}."
-            stacks.append(be.stacked([f"{p}attn_{x}.weight" for x in ("q", "k", "v")]))
-            pairs.append(be.pair(f"{p}ffn_gate.weight", f"{p}ffn_up.weight"))
-            outs.append(be.weight(f"{p}attn_output.weight"))
-            downs.append(be.weight(f"{p}ffn_down.weight"))
+            stacks.append(be.stacked([f"{p}{x}.weight" for x in sh.qkv]))
+            pairs.append(be.pair(*(f"{p}{x}.weight" for x in sh.gate_up)))
+            outs.append(be.weight(f"{p}{sh.out}.weight"))
+            downs.append(be.weight(f"{p}{sh.down}.weight"))
         if any(x is None or not isinstance(x, GpuMatrix)
                for x in (*stacks, *pairs, *outs, *downs)):
             return None
@@ -375,7 +383,7 @@ class WgpuBitNet:
         b = _Batch(tokens=tb)
         for d in be.embedding.embed_dispatches(self.state, self.hb, batch=True):
             b.items.append((d, "z"))
-        perm, qkn = int(fam.permuted_qk), int(fam.qk_norm)
+        perm, qkn = int(sh.interleaved_qk), int(sh.qk_norm is not None)
         asub = {"QS4": str(self.gq * hd // 4), "SCN": str(self.gq * CMAX)}
         attn = dev.kernel("attn_split", asub, H=a.n_heads, KVH=a.n_kv_heads, HD=hd,
                           ML=self.max_len, INV=np.float32(1.0 / np.sqrt(hd)), QKN=qkn,
@@ -387,12 +395,13 @@ class WgpuBitNet:
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.partb, self.state, self.ob),
                            (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 2))
-        act, sub = int(fam.activation == "silu"), fam.sub_norms
+        act = int(sh.activation == "silu")
+        osub, dsub = sh.attn_sub_norm, sh.ffn_sub_norm
         for i in range(a.n_layers):
             p = f"blk.{i}."
-            names = [f"{p}attn_{x}" for x in ("q", "k", "v")]
+            names = [f"{p}{x}" for x in sh.qkv]
             for d in stacks[i].fused_dispatches(
-                    self.hb, self._gain(f"{p}attn_norm.weight"), self.qkvb, 0, norm=True,
+                    self.hb, self._gain(f"{p}{sh.attn_norm}.weight"), self.qkvb, 0, norm=True,
                     eps=a.norm_eps, ys=qkvs,
                     out_scales=[self._out_scale(n) for n in names] + [1.0]):
                 b.items.append((d, "z"))
@@ -407,19 +416,19 @@ class WgpuBitNet:
                                      (a.n_kv_heads, 1, 1), 4 * qkvs, 2 * 4 * kvd), "split"))
             b.items.append((merge_d, "y"))
             for d in outs[i].fused_dispatches(
-                    self.ob, self._gain(f"{p}attn_sub_norm.weight") if sub else None, self.hb,
-                    1, norm=sub, act=act, eps=a.norm_eps, ys=a.dim,
-                    out_scales=[self._out_scale(f"{p}attn_output")] * 4):
+                    self.ob, self._gain(f"{p}{osub}.weight") if osub else None, self.hb,
+                    1, norm=osub is not None, act=act, eps=a.norm_eps, ys=a.dim,
+                    out_scales=[self._out_scale(f"{p}{sh.out}")] * 4):
                 b.items.append((d, "z"))
             for d in pairs[i].fused_dispatches(
-                    self.hb, self._gain(f"{p}ffn_norm.weight"), self.gb, 2, norm=True, act=act,
-                    eps=a.norm_eps, ys=a.hidden_dim,
-                    out_scales=(self._out_scale(f"{p}ffn_gate"), self._out_scale(f"{p}ffn_up"))):
+                    self.hb, self._gain(f"{p}{sh.ffn_norm}.weight"), self.gb, 2, norm=True,
+                    act=act, eps=a.norm_eps, ys=a.hidden_dim,
+                    out_scales=tuple(self._out_scale(f"{p}{x}") for x in sh.gate_up)):
                 b.items.append((d, "z"))
             for d in downs[i].fused_dispatches(
-                    self.gb, self._gain(f"{p}ffn_sub_norm.weight") if sub else None, self.hb,
-                    1, norm=sub, act=act, eps=a.norm_eps, ys=a.dim,
-                    out_scales=[self._out_scale(f"{p}ffn_down")] * 4):
+                    self.gb, self._gain(f"{p}{dsub}.weight") if dsub else None, self.hb,
+                    1, norm=dsub is not None, act=act, eps=a.norm_eps, ys=a.dim,
+                    out_scales=[self._out_scale(f"{p}{sh.down}")] * 4):
                 b.items.append((d, "z"))
         return b
 
