@@ -22,16 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import check_not_source
 from .constants import GGML_BLOCK_LAYOUT, ForeignType, GGMLType, ValueType
 from .errors import FormatError, MetadataError, ShapeError, UnsupportedConversionError
 from .formats import FORMAT_IDS, get_format, rans_float
 from .formats.base import TernaryFormat
-from .gguf_io import GGUFReader, GGUFWriter, MetaValue
-from .mapping import drop_pages
-from .modelfile import ConvertReport, Model, TensorEntry
+from .io.atomic import check_not_source
+from .io.gguf import GGUFReader, GGUFWriter, MetaValue
+from .io.mapping import drop_pages
+from .io.model import ConvertReport, Model, TensorEntry
+from .io.safetensors import FLOAT_DTYPES, as_float32
 from .quantize import MASTER_ARCHITECTURES, quantize
-from .safetensors_io import FLOAT_DTYPES, as_float32
 from .ternary import TernaryTensor
 
 CONTAINER_VERSION = 1
@@ -46,14 +46,14 @@ TERNARY_NAME = re.compile(
 
 def open_model(path: str | os.PathLike, *, i2s_variant: str = "x86") -> Model:
     """Open a GGUF container or a Hugging Face BitNet folder (a path, a cache snapshot, or
-    ``ORG/NAME`` found in the local Hugging Face cache: :mod:`.hf_cache`).
+    ``ORG/NAME`` found in the local Hugging Face cache: :mod:`.io.hf_cache`).
 
     ``i2s_variant`` picks the i2_s block layout ("x86", or "arm64" for files quantized by
     ARM builds of bitnet.cpp since Nov 2025); files do not record it.
     """
     p = Path(path)
     if not p.exists():
-        from .hf_cache import is_repo_id, resolve
+        from .io.hf_cache import is_repo_id, resolve
 
         if is_repo_id(str(path)):
             p = resolve(path)  # ORG/NAME from the local Hugging Face cache, or a clear error
@@ -379,7 +379,7 @@ def convert(source: str | os.PathLike, out: str | os.PathLike, format_id: str, *
     ``quantized``); a model with nothing ternary is refused (:func:`require_ternary`).
     """
     if not Path(source).exists():
-        from .hf_cache import is_repo_id, resolve
+        from .io.hf_cache import is_repo_id, resolve
 
         if is_repo_id(str(source)):
             source = resolve(source)

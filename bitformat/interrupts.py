@@ -33,7 +33,7 @@ CHILDREN: set = set()
 
 
 def _hard_exit(signum: int) -> None:
-    from .atomic import remove_live
+    from .io.atomic import remove_live
 
     for child in list(CHILDREN):
         try:

@@ -34,7 +34,7 @@ import numpy as np
 from .container import open_model, require_ternary
 from .errors import ScaleLossError, ShapeError
 from .formats import FORMAT_IDS, get_format
-from .modelfile import Model, TensorEntry
+from .io.model import Model, TensorEntry
 from .ternary import TernaryTensor
 
 #: Columns of the report, in order: the containers, the base3 codec, zstd-19 over i2_s bytes.

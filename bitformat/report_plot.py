@@ -18,8 +18,8 @@ import os
 import re
 from pathlib import Path
 
-from .atomic import atomic_file
 from .errors import UnsupportedConversionError
+from .io.atomic import atomic_file
 from .report import FLOOR_NOTE, LABELS, Report
 
 #: what :func:`save_figure` writes, chosen by the output's extension

@@ -9,7 +9,7 @@ import numpy as np
 
 from .errors import BitformatError
 from .families import family_of
-from .modelfile import Model, TensorEntry
+from .io.model import Model, TensorEntry
 
 
 @dataclass
@@ -159,7 +159,7 @@ def summarize(model: Model, *, progress: Callable[[TensorEntry], None] | None = 
         "chat_template": model.get("tokenizer.chat_template") is not None,
     }
     if tokenizer["model"] == "gpt2" and tokenizer["pre"] is None:
-        from .tokenizer_pre import resolve
+        from .tokenizers.pretokenize import resolve
 
         tokenizer["pre"], tokenizer["pre_note"] = resolve(None, arch)
     summary = ModelSummary(model.path, model.container, arch, config, tokenizer)

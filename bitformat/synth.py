@@ -30,7 +30,7 @@ HF1BitLLM/Llama3-8B-1.58-100B-tokens (Llama-3-8B), tiiuae/Falcon3-7B-Instruct-1.
 
 ``tiny`` uses layers 0 and 1 of the profile with dead-row counts scaled to its sizes. Every
 tensor draws from its own generator, seeded by (seed, tensor name), so files are
-byte-identical for a given seed and vocabulary (see :mod:`bitformat.tokenizer` on the latter).
+byte-identical for a given seed and vocabulary (see :mod:`bitformat.tokenizers.bpe` on the latter).
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from .constants import GGMLType, ValueType, ggml_nbytes
 from .container import output_metadata
 from .families import FAMILIES
 from .formats import get_format
-from .gguf_io import GGUFWriter, MetaValue, PlannedTensor
 from .graph import block_shapes
+from .io.gguf import GGUFWriter, MetaValue, PlannedTensor
 from .ternary import TernaryTensor
-from .tokenizer import llama3_specials, train_bpe
+from .tokenizers.bpe import llama3_specials, train_bpe
 
 ARCH = "bitnet-b1.58"
 

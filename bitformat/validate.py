@@ -33,7 +33,7 @@ import numpy as np
 
 from .constants import I2_S_TAIL_BYTES, GGMLType
 from .errors import BitformatError, FormatError, InvalidScaleError, MetadataError, ShapeError
-from .modelfile import Model, TensorEntry
+from .io.model import Model, TensorEntry
 
 #: Upper bounds on config values (far above any released model, far below what would make
 #: the runtime allocate more than a machine holds from a few header bytes).

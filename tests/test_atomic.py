@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from bitformat import atomic, atomic_folder
-from bitformat.atomic import atomic_file, check_not_source, remove_strays
-from bitformat.atomic_folder import MANIFEST, atomic_dir
 from bitformat.errors import BitformatIOError, OutputPathError
+from bitformat.io import atomic, atomic_folder
+from bitformat.io.atomic import atomic_file, check_not_source, remove_strays
+from bitformat.io.atomic_folder import MANIFEST, atomic_dir
 
 needs_flock = pytest.mark.skipif(atomic.fcntl is None, reason="no flock on this platform")
 

@@ -3,7 +3,7 @@
 The templates in tests/fixtures/chat_templates are those of real model families (Llama 3,
 Llama 2 / SentencePiece style, Qwen 2.5 with its tools branch, Falcon 3) plus one that uses
 ``namespace``, loop controls, ``strftime_now`` and ``tojson`` options; BitNet 2B-4T's is
-:data:`bitformat.chat_template.BITNET_CHAT_TEMPLATE`.
+:data:`bitformat.tokenizers.chat_template.BITNET_CHAT_TEMPLATE`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bitformat.chat_template import BITNET_CHAT_TEMPLATE, render_chat
 from bitformat.errors import ChatTemplateError, RequestError
-from bitformat.tokenizer import Tokenizer, llama3_specials, to_hf_files, train_bpe
+from bitformat.tokenizers.bpe import Tokenizer, llama3_specials, to_hf_files, train_bpe
+from bitformat.tokenizers.chat_template import BITNET_CHAT_TEMPLATE, render_chat
 
 transformers = pytest.importorskip("transformers")
 from transformers.utils.chat_template_utils import render_jinja_template  # noqa: E402
@@ -151,6 +151,6 @@ def test_server_renders_with_the_same_code(hf_pair):
 def test_module_examples():
     import doctest
 
-    import bitformat.chat_template
+    import bitformat.tokenizers.chat_template
 
-    assert doctest.testmod(bitformat.chat_template).failed == 0
+    assert doctest.testmod(bitformat.tokenizers.chat_template).failed == 0

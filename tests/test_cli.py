@@ -8,7 +8,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from bitformat import open_model
-from bitformat.cli import default_output, main
+from bitformat.cli.main import default_output, main
 from bitformat.summary import order0_entropy
 
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from bitformat.cli import main
-from bitformat.cli_helpers import CompileNotice, cores
+from bitformat.cli.helpers import CompileNotice, cores
 
 
 def invoke(*args):
@@ -25,7 +25,7 @@ def test_run_says_a_synthetic_model_is_meaningless(tiny_gguf):
 
 
 def test_real_model_gets_no_synthetic_note(tiny_gguf, tmp_path):
-    from bitformat.gguf_io import GGUFReader, GGUFWriter, MetaValue
+    from bitformat.io.gguf import GGUFReader, GGUFWriter, MetaValue
 
     out = tmp_path / "named.gguf"
     with GGUFReader(tiny_gguf) as rd:
@@ -42,7 +42,7 @@ def test_real_model_gets_no_synthetic_note(tiny_gguf, tmp_path):
 
 def test_special_tokens_hidden_unless_asked(tiny_gguf):
     """Greedy decoding of the tiny model after this prompt makes a control token (id >= 496)."""
-    from bitformat.tokenizer import Tokenizer
+    from bitformat.tokenizers.bpe import Tokenizer
 
     args = ("run", tiny_gguf, "-p", "def hello(name):", "-n", 40, "--json")
     hidden, shown = (json.loads(invoke(*a).stdout) for a in (args, (*args, "--show-special")))

@@ -11,7 +11,7 @@ import pytest
 from bitformat import convert, open_model
 from bitformat.errors import BitformatError, ScaleLossError
 from bitformat.formats import FORMAT_IDS
-from bitformat.gguf_io import GGUFReader
+from bitformat.io.gguf import GGUFReader
 
 
 @pytest.fixture(scope="module")

@@ -334,7 +334,7 @@ def test_logits_and_greedy_match_transformers(folders, fam, backend, tmp_path):
 
 # -- synth presets ---------------------------------------------------------------------------
 def test_synth_presets_cover_every_family():
-    from bitformat.cli import SYNTH_PRESETS
+    from bitformat.cli.main import SYNTH_PRESETS
     from bitformat.synth import PRESETS, plan
 
     assert tuple(PRESETS) == SYNTH_PRESETS
@@ -388,7 +388,7 @@ def test_i2_s_rows_that_start_mid_block_load_and_run(tmp_path):
     (all but tq2_0/tq1_0, which refuse by name) and back byte-identical."""
     import dataclasses
 
-    from bitformat.gguf_io import GGUFReader
+    from bitformat.io.gguf import GGUFReader
     from bitformat.synth import PRESETS, synth
 
     p = dataclasses.replace(PRESETS["tiny-1bitllm"], name="tiny-1bitllm-ffn320", ffn=320)

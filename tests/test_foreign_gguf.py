@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from bitformat.cli import main
 from bitformat.errors import UnknownTypeError
-from bitformat.gguf_io import GGUFReader
+from bitformat.io.gguf import GGUFReader
 
 PROJ = {"attn_q": (64, 64), "attn_k": (64, 64), "attn_v": (64, 64), "attn_output": (64, 64),
         "ffn_gate": (128, 64), "ffn_up": (128, 64), "ffn_down": (64, 128)}

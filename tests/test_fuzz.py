@@ -18,7 +18,7 @@ import pytest
 from bitformat import convert, open_model
 from bitformat.errors import BitformatError
 from bitformat.formats import FORMAT_IDS
-from bitformat.gguf_io import GGUFReader
+from bitformat.io.gguf import GGUFReader
 
 TOTAL = int(os.environ.get("BITFORMAT_FUZZ_CASES", "2000"))
 PER_FORMAT = -(-TOTAL // len(FORMAT_IDS))

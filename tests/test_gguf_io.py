@@ -10,7 +10,7 @@ import pytest
 
 from bitformat import errors
 from bitformat.constants import GGMLType, ValueType
-from bitformat.gguf_io import GGUFReader, GGUFWriter, MetaValue
+from bitformat.io.gguf import GGUFReader, GGUFWriter, MetaValue
 
 
 def write_sample(path, *, extra_meta=None):

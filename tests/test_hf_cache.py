@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from bitformat.cli import main
 from bitformat.container import convert, open_model
 from bitformat.errors import BitformatIOError
-from bitformat.hf_cache import cache_dir, cache_repo_name, resolve
+from bitformat.io.hf_cache import cache_dir, cache_repo_name, resolve
 
 
 @pytest.fixture(scope="module")

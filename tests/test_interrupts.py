@@ -77,7 +77,7 @@ def test_a_signal_during_compilation_ends_the_command(tiny_gguf, tmp_path, sig, 
 SWALLOWED = """
 import ctypes, sys, time
 from bitformat import interrupts
-from bitformat.cli import _friendly_errors
+from bitformat.cli.main import _friendly_errors
 
 @_friendly_errors
 def main():
@@ -133,7 +133,7 @@ def test_a_cold_start_compiles_in_two_processes(tiny_gguf, tmp_path):
 
 SHUTDOWN_HANGS = """
 import threading, time, click
-from bitformat.cli import _friendly_errors
+from bitformat.cli.main import _friendly_errors
 
 @click.command()
 @_friendly_errors

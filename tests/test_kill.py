@@ -1,7 +1,7 @@
 """Kill test: ``bitformat convert`` killed with SIGKILL or SIGTERM at every moment of a write.
 
 Each case runs the real CLI in a subprocess with ``BITFORMAT_PAUSE_AT`` naming a moment
-(bitformat/atomic.py ``checkpoint``): the process stops there, the test sends the signal,
+(bitformat/io/atomic.py ``checkpoint``): the process stops there, the test sends the signal,
 then checks what is on disk: the source unchanged; the target absent or the old version
 (before the commit point) or the complete new version (after it), never anything else; after
 SIGTERM no stray at all; and after the next convert to the same target, exactly the source
@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from bitformat import convert
-from bitformat.atomic import PAUSE_VAR
+from bitformat.io.atomic import PAUSE_VAR
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     sys.platform == "win32", reason="POSIX signals")]
@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 #: (moment, the output is in place at that moment)
 MOMENTS = [("created", False), ("tensor:3", False), ("written", False), ("committed", True)]
 #: the CLI with RENAME_EXCHANGE unavailable (as on macOS or an old kernel)
-NO_EXCHANGE = ("import sys; import bitformat.atomic_folder as a; a._renameat2 = lambda *x: False; "
+NO_EXCHANGE = ("import sys; import bitformat.io.atomic_folder as a; "
+               "a._renameat2 = lambda *x: False; "
                "from bitformat.cli import main; sys.argv[0] = 'bitformat'; main()")
 
 
@@ -67,7 +68,7 @@ def place(ref, path):
 def paused_convert(src, out, target, moment, exchange=True):
     """Start the CLI converting ``src``; return it once it stopped at ``moment``."""
     head = [sys.executable, "-c", NO_EXCHANGE] if not exchange else [
-        sys.executable, "-m", "bitformat.cli"]
+        sys.executable, "-m", "bitformat.cli.main"]
     env = {**os.environ, PAUSE_VAR: moment}
     p = subprocess.Popen([*head, "convert", str(src), "--to", target, "-o", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -113,7 +114,7 @@ def run_case(tmp_path, models, target, moment, in_place, sig, with_old, exchange
         assert sorted(os.listdir(tmp_path)) == sorted(
             [src.name] + ([out.name] if now is not None else [])), "SIGTERM left a stray"
     if moment == "moved-aside" and sig == signal.SIGKILL:
-        from bitformat.atomic import remove_strays
+        from bitformat.io.atomic import remove_strays
 
         remove_strays(out)  # what the next write does first: the old output comes back
         assert content(out) == old

@@ -31,7 +31,7 @@ from ggml_reference import q8_0, reference
 from bitformat.constants import GGMLType
 from bitformat.container import open_model, write_gguf
 from bitformat.formats import get_format
-from bitformat.gguf_io import GGUFReader, GGUFWriter, MetaValue
+from bitformat.io.gguf import GGUFReader, GGUFWriter, MetaValue
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -154,7 +154,7 @@ TEXTS = ["Hello world, it's 2024!  Numbers 1234567 and   spaces\n\n\tTabs; (x+y)
 def test_tokenizer_matches_llama_cpp(files, tmp_path, pre):
     """bitformat's tokenizer and llama.cpp's give the same ids for each pre-tokenizer name
     bitformat writes (and without the key: BitNet files mean Llama 3's, llama.cpp 'default')."""
-    from bitformat.tokenizer import Tokenizer
+    from bitformat.tokenizers.bpe import Tokenizer
 
     model, q2, _, _ = files
     src = open_model(q2)

@@ -14,7 +14,7 @@ from bitformat import convert, open_model
 from bitformat.cli import main
 from bitformat.constants import GGMLType
 from bitformat.errors import UnsupportedConversionError
-from bitformat.gguf_io import GGUFReader, GGUFWriter, MetaValue
+from bitformat.io.gguf import GGUFReader, GGUFWriter, MetaValue
 from bitformat.quantize import ABSMEAN, TERNARY_VALUES, absmean, quantize, ternary_values
 
 

@@ -22,7 +22,7 @@ from bitformat.codecs import rans_tables as rt
 from bitformat.errors import BitformatError, FormatError, MetadataError, ShapeError
 from bitformat.formats import FORMAT_IDS, get_format
 from bitformat.formats.rans import Rans, describe, section_words
-from bitformat.gguf_io import GGUFReader
+from bitformat.io.gguf import GGUFReader
 from bitformat.ternary import TernaryTensor
 
 NAME = "blk.0.attn_q.weight"
@@ -262,7 +262,7 @@ def test_rans_container_layout_and_plain_tensors(tiny_gguf, tiny_rans, tmp_path)
 
 
 def test_container_rejects_wrong_storage(tiny_rans, tmp_path):
-    from bitformat.gguf_io import GGUFWriter
+    from bitformat.io.gguf import GGUFWriter
 
     with GGUFReader(tiny_rans) as r:
         meta = dict(r.metadata)

@@ -23,7 +23,7 @@ from bitformat.constants import GGMLType
 from bitformat.errors import BitformatError, FormatError, MetadataError, ShapeError
 from bitformat.formats import FORMAT_IDS
 from bitformat.formats import rans_float as rf
-from bitformat.gguf_io import GGUFReader, GGUFWriter
+from bitformat.io.gguf import GGUFReader, GGUFWriter
 
 NAME = "token_embd.weight"
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

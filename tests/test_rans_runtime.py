@@ -16,7 +16,7 @@ from bitformat.cli import main
 from bitformat.errors import FormatError, RequestError
 from bitformat.formats import get_format
 from bitformat.formats.rans import Rans
-from bitformat.gguf_io import GGUFReader, GGUFWriter
+from bitformat.io.gguf import GGUFReader, GGUFWriter
 from bitformat.runtime.cpu import rans as KR
 from bitformat.runtime.cpu import rans_rows as RR
 from bitformat.ternary import TernaryTensor

@@ -17,7 +17,7 @@ from bitformat.cli import main
 from bitformat.constants import GGMLType
 from bitformat.container import output_metadata
 from bitformat.formats import FORMAT_IDS, get_format
-from bitformat.gguf_io import GGUFReader, GGUFWriter, MetaValue
+from bitformat.io.gguf import GGUFReader, GGUFWriter, MetaValue
 from bitformat.report import CONTAINERS, build_report, render
 from bitformat.ternary import TernaryTensor
 

@@ -458,7 +458,7 @@ def rewrite(src, dst, *, arch: str | None = None, add: dict | None = None, patch
             meta: dict | None = None):
     """Copy a GGUF, renaming its architecture keys, adding F32 tensors, patching raw bytes."""
     from bitformat.constants import GGMLType
-    from bitformat.gguf_io import GGUFWriter, MetaValue
+    from bitformat.io.gguf import GGUFWriter, MetaValue
 
     with open_model(src) as m:
         old = m.architecture
@@ -615,7 +615,7 @@ def test_rans_corrupt_stream_fails_at_load(tiny, tmp_path):
     """validate (the default) runs the format's reader once: a flipped stream word fails at
     load; without it the kernels still stay inside the tensor."""
     from bitformat.errors import FormatError
-    from bitformat.gguf_io import GGUFReader
+    from bitformat.io.gguf import GGUFReader
     from bitformat.runtime.cpu.backend import CpuBackend
 
     name = "blk.0.ffn_up.weight"

@@ -10,7 +10,7 @@ import pytest
 
 from bitformat import open_model
 from bitformat.constants import GGMLType, ValueType
-from bitformat.gguf_io import GGUFReader
+from bitformat.io.gguf import GGUFReader
 from bitformat.synth import (
     PRESETS,
     dead_neurons,
@@ -21,7 +21,7 @@ from bitformat.synth import (
     trit_spec,
 )
 from bitformat.ternary import bf16_exact, f16_exact
-from bitformat.tokenizer import Tokenizer
+from bitformat.tokenizers.bpe import Tokenizer
 
 ARCH_KEYS = ["vocab_size", "context_length", "embedding_length", "block_count",
              "feed_forward_length", "rope.dimension_count", "attention.head_count",

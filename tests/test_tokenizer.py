@@ -11,8 +11,8 @@ import pytest
 
 from bitformat.constants import ValueType
 from bitformat.errors import UnsupportedConversionError
-from bitformat.gguf_io import MetaValue
-from bitformat.tokenizer import (
+from bitformat.io.gguf import MetaValue
+from bitformat.tokenizers.bpe import (
     BITNET_CHAT_TEMPLATE,
     LLAMA3_PATTERN,
     Tokenizer,
@@ -115,7 +115,7 @@ def test_metadata_types(tiny_meta):
 
 
 def test_training_is_deterministic_across_processes(tiny_meta):
-    code = ("import json; from bitformat.tokenizer import train_bpe, llama3_specials as s; "
+    code = ("import json; from bitformat.tokenizers.bpe import train_bpe, llama3_specials as s; "
             "d = train_bpe(512, s(16)); print(json.dumps([d.tokens, d.merges]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={"PYTHONHASHSEED": "123"})
@@ -298,7 +298,7 @@ def test_pre_tokenizer_splits_like_llama_cpp_regexes(name):
     the ``regex`` package (llama.cpp's algorithm: each regex splits every piece, matches
     and gaps kept)."""
     regex = pytest.importorskip("regex")
-    from bitformat import tokenizer_pre
+    from bitformat.tokenizers import pretokenize as tokenizer_pre
 
     def split(text, patterns):
         pieces = [text]
@@ -329,7 +329,7 @@ def test_pre_tokenizer_splits_like_llama_cpp_regexes(name):
 
 
 def test_pre_tokenizer_names():
-    from bitformat import tokenizer_pre
+    from bitformat.tokenizers import pretokenize as tokenizer_pre
 
     with pytest.raises(UnsupportedConversionError, match="'gpt-4o'.*not supported"):
         tokenizer_pre.get("gpt-4o")
@@ -345,7 +345,7 @@ def test_qwen2_and_gpt2_tokenize_like_transformers(tmp_path):
     """A vocabulary exported under each name reads back under the same name, and
     transformers' fast tokenizer on the export gives our ids (BOS included)."""
     transformers = pytest.importorskip("transformers")
-    from bitformat.tokenizer import BPEData, Tokenizer, from_hf_files, to_hf_files
+    from bitformat.tokenizers.bpe import BPEData, Tokenizer, from_hf_files, to_hf_files
 
     base = train_bpe(512, llama3_specials(16))
     for pre, add_bos in (("qwen2", False), ("gpt-2", None), ("falcon3", None)):

@@ -8,8 +8,8 @@ import io
 import numpy as np
 import pytest
 
-from bitformat.tokenizer import Tokenizer, from_hf_files, to_hf_files
-from bitformat.tokenizer_spm import SPMData, from_sentencepiece
+from bitformat.tokenizers.bpe import Tokenizer, from_hf_files, to_hf_files
+from bitformat.tokenizers.spm import SPMData, from_sentencepiece
 
 spm = pytest.importorskip("sentencepiece")
 
@@ -77,7 +77,7 @@ def test_matches_llama_cpp(spm_model, tiny_gguf, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp")
     from bitformat.container import open_model, write_gguf
     from bitformat.formats import get_format
-    from bitformat.gguf_io import MetaValue
+    from bitformat.io.gguf import MetaValue
 
     src = open_model(tiny_gguf)
     try:

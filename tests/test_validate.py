@@ -21,7 +21,7 @@ from bitformat.errors import (
     MissingTensorError,
     ShapeError,
 )
-from bitformat.gguf_io import GGUFReader, GGUFWriter, MetaValue
+from bitformat.io.gguf import GGUFReader, GGUFWriter, MetaValue
 from bitformat.runtime import load
 from bitformat.validate import (
     TensorSpec,

@@ -58,7 +58,7 @@ PROMPT_TEXT = (
 def llama_copy(src: Path, dst: Path) -> None:
     """Write ``src`` (a bitformat tq2_0 container) as an upstream llama.cpp ``bitnet`` file."""
     from bitformat.constants import GGMLType
-    from bitformat.gguf_io import GGUFReader, GGUFWriter
+    from bitformat.io.gguf import GGUFReader, GGUFWriter
 
     with GGUFReader(src) as r:
         arch = r.get("general.architecture")
@@ -208,7 +208,7 @@ class LlamaRunner:
 
 
 def _tensors(path: str):
-    from bitformat.gguf_io import GGUFReader
+    from bitformat.io.gguf import GGUFReader
 
     with GGUFReader(path) as r:
         return list(r.tensors.values())
@@ -318,8 +318,8 @@ def machine() -> str:
 
 
 def make_prompt(path: Path, n: int) -> list[int]:
-    from bitformat.gguf_io import GGUFReader
-    from bitformat.tokenizer import Tokenizer
+    from bitformat.io.gguf import GGUFReader
+    from bitformat.tokenizers.bpe import Tokenizer
 
     with GGUFReader(path) as r:
         tok = Tokenizer(r.metadata)

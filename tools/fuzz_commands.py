@@ -13,7 +13,7 @@ or exits 1 or 2 with a one-line error that is not an "internal error". It fails 
 *hang* (no answer within the per-case timeout) or an *over-allocation* (MemoryError under
 the address-space cap, or the worker's resident set grown past ``RSS_BOUND_MIB``: the file
 made bitformat ask for far more memory than the tiny model it is). One case in
-``--subprocess-every`` also runs through a real ``python -m bitformat.cli`` process, to check
+``--subprocess-every`` also runs through a real ``python -m bitformat.cli.main`` process, to check
 what a user sees (exit status, no "Traceback" on stderr).
 
 Cases are numbered; case ``i`` is reproducible from ``i`` alone (``--only i``). Those that
@@ -74,7 +74,7 @@ WEIRD = [0, 1, -1, 3, 7, 2**31, 2**32 + 5, 10**9, 2**63, float("nan"), float("in
 
 def _mv(value):
     from bitformat.constants import ValueType
-    from bitformat.gguf_io import MetaValue
+    from bitformat.io.gguf import MetaValue
 
     if isinstance(value, float):
         return MetaValue(ValueType.FLOAT64 if abs(value) > 3e38 else ValueType.FLOAT32, value)
@@ -88,7 +88,7 @@ def _mv(value):
 def mutate_gguf(src: Path, dst: Path, rng: np.random.Generator) -> str:
     """Rewrite ``src`` into ``dst`` with one structure-aware change; return what it was."""
     from bitformat.constants import GGMLType, ValueType
-    from bitformat.gguf_io import GGUFReader, GGUFWriter, MetaValue
+    from bitformat.io.gguf import GGUFReader, GGUFWriter, MetaValue
 
     with GGUFReader(src) as r:
         meta = dict(r.metadata)
@@ -367,7 +367,7 @@ def make_case(i: int, bases: dict[str, Path], work: Path) -> tuple[list[str], st
 
 
 def classify(exit_code: int, output: str, exception: BaseException | None) -> str:
-    from bitformat.cli import INTERNAL
+    from bitformat.cli.main import INTERNAL
 
     if isinstance(exception, MemoryError) or "error: out of memory" in output:
         return "over_allocation"
@@ -404,7 +404,7 @@ def _limit_memory() -> None:
 def run_subprocess(args: list[str]) -> tuple[str, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), BITFORMAT_DEBUG="0")
     try:
-        p = subprocess.run([sys.executable, "-m", "bitformat.cli", *args], capture_output=True,
+        p = subprocess.run([sys.executable, "-m", "bitformat.cli.main", *args], capture_output=True,
                            text=True, timeout=CASE_TIMEOUT, env=env, preexec_fn=_limit_memory)
     except subprocess.TimeoutExpired:
         return "hang", ""

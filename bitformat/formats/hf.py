@@ -7,7 +7,7 @@ microsoft/bitnet-b1.58-2B-4T; ``docs/formats/hf.md`` says why)::
                             {quant_method bitnet, linear_class autobitlinear, quantization_mode
                             offline}, plus a "bitformat" object (GGUF facts HF has no home for)
     generation_config.json  bos/eos ids
-    tokenizer files         from bitformat.tokenizer.to_hf_files
+    tokenizer files         from bitformat.tokenizers.bpe.to_hf_files
     model.safetensors       8-byte LE header length | JSON header | data (F32, then 2-byte, then
                             U8 tensors, so every tensor is aligned to its element size)
 
@@ -24,7 +24,7 @@ microsoft/bitnet-b1.58-2B-4T; ``docs/formats/hf.md`` says why)::
 Reading accepts that form (also sharded), the ``bitlinear`` convention (weight_scale = 1/s)
 and dense bf16/f16/f32 master weights of ``autobitlinear``/``online`` checkpoints, which are
 ternarised exactly as transformers does. Code 3 in packed bytes MUST be rejected. Every
-safetensors file is parsed by :mod:`bitformat.safetensors_io` and treated as hostile;
+safetensors file is parsed by :mod:`bitformat.io.safetensors` and treated as hostile;
 config.json <-> GGUF metadata is :mod:`bitformat.formats.hf_config`.
 """
 
@@ -39,8 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import checkpoint
-from ..atomic_folder import atomic_dir
 from ..constants import GGMLType
 from ..errors import (
     FormatError,
@@ -50,10 +48,11 @@ from ..errors import (
     UnsupportedConversionError,
 )
 from ..families import Family, family_of, hf_family
-from ..gguf_io import MetaValue, sanitize
-from ..modelfile import ConvertReport, Model, TensorEntry
-from ..quantize import ABSMEAN, absmean
-from ..safetensors_io import (
+from ..io.atomic import checkpoint
+from ..io.atomic_folder import atomic_dir
+from ..io.gguf import MetaValue, sanitize
+from ..io.model import ConvertReport, Model, TensorEntry
+from ..io.safetensors import (
     FLOAT_DTYPES,
     GGML_OF_ST,
     ST_ITEMSIZE,
@@ -67,6 +66,7 @@ from ..safetensors_io import (
     read_tensors,
     write_safetensors,
 )
+from ..quantize import ABSMEAN, absmean
 from ..ternary import TernaryTensor, bf16_exact
 from .hf_config import (
     PROJECTIONS,
@@ -133,7 +133,7 @@ def open_hf(path: str | os.PathLike) -> Model:
     ``bitlinear`` checkpoint stores 1/s: its scale is read as the float32 nearest to 1/stored,
     and the relative change is kept in the model's ``scale_changes``.
     """
-    from ..tokenizer import from_hf_files
+    from ..tokenizers.bpe import from_hf_files
 
     folder = Path(path)
     where = str(folder / "config.json")
@@ -383,7 +383,7 @@ def write_hf(model: Model, out: str | os.PathLike, *, allow_scale_rounding: bool
     tokenizer files cannot carry exactly go into config.json's ``"bitformat"`` object, so
     converting the folder back gives the same GGUF bytes.
     """
-    from ..tokenizer import from_hf_files, to_hf_files
+    from ..tokenizers.bpe import from_hf_files, to_hf_files
 
     arch = model.architecture
     h = _check_exportable(model, arch)

@@ -36,9 +36,9 @@ import numpy as np
 from ..constants import ValueType
 from ..errors import FormatError, MetadataError, UnsupportedConversionError
 from ..families import BITNET_1BITLLM, BITNET_2B4T, Family, hf_family
-from ..gguf_io import ARRAY_DTYPE, MetaValue, pack_value, sanitize
 from ..graph import block_shapes
-from ..safetensors_io import FLOAT_DTYPES
+from ..io.gguf import ARRAY_DTYPE, MetaValue, pack_value, sanitize
+from ..io.safetensors import FLOAT_DTYPES
 
 ARCH = "bitnet-b1.58"
 #: GGUF architectures whose graph is transformers' BitNet (ReLU^2, sub-norms, NEOX RoPE).

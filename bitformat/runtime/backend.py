@@ -35,6 +35,8 @@ its blocks in.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +49,7 @@ from ..formats.base import TernaryFormat
 from ..formats.q2_0 import BLOCK_BYTES as Q2_0_BLOCK_BYTES
 from ..formats.q2_0 import QK as Q2_0_QK
 from ..formats.q2_0 import unpack_codes
-from ..modelfile import Model
+from ..io.model import Model
 from ..ternary import TernaryTensor
 
 #: GGML types of the embedding and the LM head that backends run.
@@ -270,10 +272,50 @@ def q2_0_logits(rows: np.ndarray, q: np.ndarray, d: np.ndarray) -> np.ndarray:
     return out
 
 
-class Backend:
-    """Base of the numpy and cpu backends: plain tensors and the embedding lookup."""
+class Backend(ABC):
+    """What every backend implements, and what it may add.
+
+    Every backend holds a model's weights and computes the graph's steps
+    (:mod:`bitformat.graph`): :meth:`weight` / :meth:`bitlinear` (the ternary projections, the
+    abstract part), :meth:`lm_head`, and the small steps (:meth:`norm_quant`,
+    :meth:`glu_norm_quant`, :meth:`attend`, :meth:`stack`), which this class gives in numpy
+    and a backend may replace with equivalents of its own (the same bits).
+
+    The optional capabilities are the attributes under "Capabilities" below: each is None (or
+    the default given) on a backend without it, and callers test it for None, never probe
+    for it. A backend with the capability defines it as a method or property.
+    """
 
     name = "base"
+
+    # -- capabilities: None where this backend has none ------------------------------------
+    #: bytes of weights a decode step reads, where not the container's (decoded at load)
+    weight_bytes_per_token: int | None = None
+    #: bytes per value the full LM head reads (an f16 head: 2)
+    head_itemsize: int = 2
+    #: bytes one full head pass reads, where not vocab * dim * head_itemsize
+    head_nbytes: int | None = None
+    #: why the screened head cannot run here (None: it can), see :class:`.exact_head.Head`
+    no_screen: str | None = None
+    #: ``screen_tables() -> ScreenTables``: the screened head's tables
+    #: (:mod:`.exact_head`), with ``head_bounds`` and ``head_rows`` beside it
+    screen_tables: Callable[[], Any] | None = None
+    #: ``pick_full(h, samplers) -> ids``: the full head's tokens chosen on the device
+    pick_full: Callable[..., list[int]] | None = None
+    #: the screen's input split, compiled (:func:`.exact_head.split_hidden`'s arithmetic)
+    split_hidden: Callable[..., Any] | None = None
+    #: ``greedy_candidates(lo, hi)``: the greedy candidate rows of the last bounds, compiled
+    greedy_candidates: Callable[..., Any] | None = None
+    #: ``attend_tokens(q, k, v, layer, rows, out)``: a batched decode step's attention, one
+    #: token per segment, in one call
+    attend_tokens: Callable[..., None] | None = None
+    #: ``warm_attention(kv_type)``: compile the attention kernels ahead of a long prompt
+    warm_attention: Callable[[str], None] | None = None
+
+    def decode_plan(self, net: Any) -> Any | None:
+        """The family's graph lowered onto a one-call decode step (``decode_row`` /
+        ``decode_rows`` then run it), or None: the step runs op by op."""
+        return None
 
     def __init__(self, model: Model, *, dtype: type = np.float32, i2s_variant: str = "x86"):
         self.model = model
@@ -332,8 +374,9 @@ class Backend:
         rows = self._head_raw[ids]
         return rows_as_float(self.head_type, rows.reshape(-1), (len(ids), self.dim), self.dtype)
 
-    def weight(self, name: str) -> Any:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def weight(self, name: str) -> Any:
+        """The ternary matrix ``name`` in this backend's form (what :meth:`bitlinear` reads)."""
 
     def stack(self, weights: list[Any]) -> Any | None:
         """One weight whose rows are ``weights``' rows in turn (one ``bitlinear`` call for q, k
@@ -359,8 +402,11 @@ class Backend:
         vc[start: start + T] = v
         return attention(rope(q, cos, sin), kc[: start + T], vc[: start + T], start)
 
-    def bitlinear(self, qa: QuantizedActivations, w: Any) -> np.ndarray:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def bitlinear(self, qa: QuantizedActivations, w: Any) -> np.ndarray:
+        """``(q @ T^T) / s * scale`` of int8 activations [T, cols] and weight ``w``: [T, rows]
+        (docs/model.md §2: one arithmetic for every container)."""
 
-    def lm_head(self, h: np.ndarray) -> np.ndarray:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def lm_head(self, h: np.ndarray) -> np.ndarray:
+        """Logits [T, vocab] of final-normed hidden states [T, dim]."""

@@ -1,17 +1,16 @@
 """A multi-turn conversation with a loaded model, its KV cache kept between turns.
 
-Each turn renders the whole conversation with the model's chat template (as transformers
-does, :mod:`bitformat.chat_template`) and tokenizes it. The tokens the KV cache already holds
-are compared with that prompt: the common prefix stays in the cache and only the rest runs
-(normally just the new user turn). Where a template renders earlier turns differently once
-the conversation grows, or the answer's text tokenizes differently from the sampled tokens,
-the prompt differs from the cache earlier and the cache is cut back there. An answer is kept
-as the tokens the model sampled (its text need not tokenize back to them): the next prompt
-is the last prompt's tokens, the answer's, and the rest of the rendered text tokenized on its
-own, wherever the template renders the conversation by appending to it (the answer as
-sampled, whitespace that the template trims from a message included). So a turn runs only its
-own new tokens; a turn after a reset, a changed system prompt or dropped turns runs the
-conversation again.
+Each turn renders the whole conversation with the model's chat template (as transformers does,
+:mod:`bitformat.tokenizers.chat_template`) and tokenizes it. The tokens the KV cache already
+holds are compared with that prompt: the common prefix stays in the cache and only the rest
+runs (normally just the new user turn). Where a template renders earlier turns differently once
+the conversation grows, or the answer's text tokenizes differently from the sampled tokens, the
+prompt differs from the cache earlier and the cache is cut back there. An answer is kept as the
+tokens the model sampled (its text need not tokenize back to them): the next prompt is the last
+prompt's tokens, the answer's, and the rest of the rendered text tokenized on its own, wherever
+the template renders the conversation by appending to it (the answer as sampled, whitespace
+that the template trims from a message included). So a turn runs only its own new tokens; a
+turn after a reset, a changed system prompt or dropped turns runs the conversation again.
 
 Answers are at most ``max_new_tokens`` long (default: a quarter of the context, at most 512,
 so a conversation holds several turns). A message that would leave less than that room drops

@@ -357,8 +357,8 @@ class Head:
         self.tables: ScreenTables | None = None
         self.unavailable = None  # why a screened head runs the full one
         if mode == "screened":
-            make = getattr(backend, "screen_tables", None)
-            self.unavailable = getattr(backend, "no_screen", None)
+            make = backend.screen_tables
+            self.unavailable = backend.no_screen
             self.tables = make() if make is not None and not self.unavailable else None
             if self.unavailable:
                 pass  # the backend says why (a q2_0 head): every step reads the full head
@@ -367,8 +367,8 @@ class Head:
             elif self.tables.bad_rows:
                 self.unavailable = f"the head has NaN or infinity in {self.tables.bad_rows} rows"
         self.mode = mode
-        self.full_bytes = getattr(backend, "head_nbytes", None) or (
-            backend.vocab * backend.dim * int(getattr(backend, "head_itemsize", 2)))
+        self.full_bytes = backend.head_nbytes or (
+            backend.vocab * backend.dim * int(backend.head_itemsize))
         self.stats = HeadStats(mode, full_bytes=self.full_bytes)
 
     def reset_stats(self) -> None:
@@ -380,7 +380,7 @@ class Head:
         st.head_bytes += self.full_bytes
         if reason:
             st.fallbacks[reason] += len(samplers)
-        pick = getattr(self.be, "pick_full", None)  # a backend that chooses on its device
+        pick = self.be.pick_full  # a backend that chooses on its device
         return pick(h, samplers) if pick is not None else pick_tokens(self.be.lm_head(h),
                                                                       samplers)
 
@@ -399,7 +399,7 @@ class Head:
                 return self._full(h, samplers, "top-p or min-p without top-k")
         if not np.isfinite(h).all():
             return self._full(h, samplers, "hidden state not finite")
-        prep = self.tables.prepare(h, getattr(self.be, "split_hidden", None))
+        prep = self.tables.prepare(h, self.be.split_hidden)
         if prep is None:
             return self._full(h, samplers, "logits could overflow")
         lo, hi = self.be.head_bounds(self.tables, *prep)
@@ -503,7 +503,7 @@ class Head:
             lo = lo.astype(np.float32)
             hi = hi.astype(np.float32)
         else:
-            fast = getattr(self.be, "greedy_candidates", None)  # the same rows, compiled
+            fast = self.be.greedy_candidates  # the same rows, compiled
             ids = fast(lo, hi) if fast is not None else None
             if ids is not None:
                 return ids

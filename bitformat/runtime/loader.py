@@ -17,7 +17,7 @@ import numpy as np
 
 from ..container import open_model, require_ternary
 from ..errors import BitformatError, MetadataError, RequestError
-from ..modelfile import Model
+from ..io.model import Model
 from ..validate import model_args, validate_model
 from .backend import Backend
 from .exact_head import HEAD_MODES, Head
@@ -62,7 +62,7 @@ class LoadedModel:
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once: in
         # the container's bytes, or in what the backend decoded them into at load.
-        self.weight_bytes_per_token = getattr(backend, "weight_bytes_per_token", None) or sum(
+        self.weight_bytes_per_token = backend.weight_bytes_per_token or sum(
             e.plain_nbytes for e in container.entries)
         self.load_seconds = 0.0
         self.last_stats = GenerationStats(weight_bytes_per_token=self.weight_bytes_per_token)
@@ -159,7 +159,7 @@ class LoadedModel:
                 self.net.forward_argmax(prompt[:1], cache)
             # the head as a token is chosen (the screened head's kernels; wgpu: its upload)
             self.net.decode([Segment(prompt[:1], cache)], [Sampler()])
-        warm = getattr(self.backend, "warm_attention", None)
+        warm = self.backend.warm_attention
         if "long" in parts and warm is not None:
             plan = getattr(self.net, "_decode_plan", lambda: None)()
             if self.net.kv_type != "f32" or plan is None:  # steps run layer by layer
@@ -242,7 +242,7 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
             be = NumpyBackend(container, dtype=getattr(np, dtype), i2s_variant=i2s_variant)
         tokenizer = None
         if "tokenizer.ggml.tokens" in container.metadata:
-            from ..tokenizer import Tokenizer
+            from ..tokenizers.bpe import Tokenizer
 
             try:
                 tokenizer = Tokenizer(container.metadata)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..constants import GGMLType
-from ..modelfile import Model
+from ..io.model import Model
 from ..ternary import TernaryTensor
 from . import exact_head as EH
 from .backend import Backend, QuantizedActivations, TernarySource, ternary_source

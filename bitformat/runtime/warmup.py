@@ -72,7 +72,7 @@ def _bf16_embedding_copy(src: Path, out: Path) -> None:
     """``src`` with its F16 embedding rounded to BF16 (the official checkpoint's type), whose LM
     head is a kernel of its own."""
     from ..constants import GGMLType
-    from ..gguf_io import GGUFReader, GGUFWriter
+    from ..io.gguf import GGUFReader, GGUFWriter
 
     with GGUFReader(src) as r:
         w = GGUFWriter(str(out))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...mapping import drop_pages
+from ...io.mapping import drop_pages
 
 
 def resident_copy(raw: np.ndarray, chunk: int = 32 << 20,

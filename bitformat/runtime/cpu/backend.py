@@ -26,8 +26,8 @@ from threadpoolctl import ThreadpoolController
 from ...constants import GGMLType
 from ...errors import InvalidScaleError, MetadataError, RequestError
 from ...formats import get_format
-from ...mapping import file_mapping
-from ...modelfile import Model
+from ...io.mapping import file_mapping
+from ...io.model import Model
 from ...ternary import TernaryTensor
 from .. import exact_head as EH
 from ..backend import (

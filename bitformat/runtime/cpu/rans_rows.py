@@ -26,8 +26,8 @@ from numba import njit, prange
 from ...codecs import rans_tables as rt
 from ...errors import MetadataError
 from ...formats import rans as R
-from ...mapping import drop_pages
-from ...modelfile import Model
+from ...io.mapping import drop_pages
+from ...io.model import Model
 from .rans import _JIT, _U, LANES, RansWeight, _start, _step, rans_weight, symbol_digits
 
 #: stfma codes of each 5-trit symbol: trit d (column order) as code trit + 1 at bits 2d
@@ -91,7 +91,7 @@ def decode_matrix(model: Model, name: str, out: np.ndarray | None = None, *,
     ``out`` (uint8 ``[rows, stfma_row_bytes(cols)]``, e.g. a slot of the weight arena)
     receives them, else a new array. Every field is checked by the format's parser (the CRC-32
     when ``validate``) and every stream as it is decoded; the tensor's mapped words are then
-    given back (:func:`~bitformat.mapping.drop_pages`), so only the rows stay resident.
+    given back (:func:`~bitformat.io.mapping.drop_pages`), so only the rows stay resident.
     """
     rows, cols = model.entry(name).shape
     scale = model.get(f"bitformat.tensor.{name}.scale")

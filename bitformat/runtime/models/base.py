@@ -202,7 +202,7 @@ class Rows:
             _, cache, start = self.spans[0]
             return be.attend(q, k, v, cache.k[layer], cache.v[layer], start, self.cos, self.sin)
         out = np.empty((self.n, q.shape[1] * q.shape[2]), q.dtype)
-        ones = getattr(be, "attend_tokens", None)
+        ones = be.attend_tokens
         if ones is not None and self.n == len(self.spans):  # a decode step: a token each
             ones(q, k, v, layer, self, out)
             return out
@@ -299,8 +299,7 @@ class Transformer:
         """The backend's plan to run one token through every layer in one call
         (``decode_plan``/``decode_row``, the cpu backend), or None."""
         if self._plan is False:
-            make = getattr(self.be, "decode_plan", None)
-            self._plan = make(self) if make is not None else None
+            self._plan = self.be.decode_plan(self)
         return self._plan
 
     #: the element type of the caches :meth:`new_cache` makes (``constants.KV_TYPES``)

@@ -36,7 +36,7 @@ import numpy as np
 from ...constants import GGMLType
 from ...errors import MetadataError, ScaleLossError, ShapeError, UnsupportedConversionError
 from ...formats import get_format
-from ...modelfile import Model
+from ...io.model import Model
 from ...ternary import TernaryTensor
 from ..backend import Backend, QuantizedActivations, dequantize_q2_0, ternary_source
 from .device import UNIFORM_WORDS, Dispatch, GpuDevice

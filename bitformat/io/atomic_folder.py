@@ -20,8 +20,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..errors import BitformatIOError, OutputPathError
 from .atomic import LIVE, checkpoint, claim, current_umask, fcntl, fsync_dir, remove_strays
-from .errors import BitformatIOError, OutputPathError
 
 #: The manifest every folder written by :func:`atomic_dir` holds.
 MANIFEST = ".bitformat-export.json"

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from .constants import ValueType
-from .errors import MetadataError, UnsupportedConversionError
-from .gguf_io import MetaValue
+from ..constants import ValueType
+from ..errors import MetadataError, UnsupportedConversionError
+from ..io.gguf import MetaValue
 
 SPACE = "\u2581"
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = (

@@ -26,7 +26,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from .errors import ChatTemplateError
+from ..errors import ChatTemplateError
 
 __all__ = ["BITNET_CHAT_TEMPLATE", "render_chat"]
 

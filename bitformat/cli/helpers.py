@@ -59,7 +59,7 @@ def check_output(path: Path | None, what: str, suffixes: tuple[str, ...] = ()) -
 
 def quantized_line(quantized: dict[str, tuple[str, str]]) -> str:
     """'quantized 210 tensors from F32 to ternary (...)': what a conversion of float weights did."""
-    from .quantize import ABSMEAN, TERNARY_VALUES
+    from ..quantize import ABSMEAN, TERNARY_VALUES
 
     types = " and ".join(sorted({t for t, _ in quantized.values()}))
     rules = Counter(r for _, r in quantized.values())
@@ -158,9 +158,9 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
                 kv_cache: str = "f32") -> Iterator[Any]:
     """``load`` with a bar over the layers, the synthetic-model note, and the kernels compiled
     (or read from numba's cache) before anything is timed, saying so when they compile."""
-    from .guide import is_synthetic, synthetic_note
-    from .runtime import load
-    from .runtime.warmup import finish_helper, on_compile, start_helper
+    from ..guide import is_synthetic, synthetic_note
+    from ..runtime import load
+    from ..runtime.warmup import finish_helper, on_compile, start_helper
 
     notice = CompileNotice(" (not counted in the speeds reported)")
     # a cold kernel cache: a second process compiles the layer kernels meanwhile

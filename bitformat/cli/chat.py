@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from . import interrupts
-from .errors import RequestError
+from .. import interrupts
+from ..errors import RequestError
 
 HELP = """\
 commands:

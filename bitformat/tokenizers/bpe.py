@@ -5,7 +5,7 @@ A GGUF file carries its tokenizer as metadata::
     tokenizer.ggml.model             string    "gpt2" (byte-level BPE)
     tokenizer.ggml.pre               string    llama.cpp's pre-tokenizer name: "llama-bpe" (the
                                                Llama-3 split regex), "gpt-2", "qwen2", "falcon3",
-                                               ... (:mod:`.tokenizer_pre`)
+                                               ... (:mod:`.pretokenize`)
     tokenizer.ggml.tokens            str[]     token strings, byte-level encoded (" a" -> "Ġa")
     tokenizer.ggml.token_type        i32[]     1 normal, 3 control, 4 user-defined
     tokenizer.ggml.merges            str[]     "left right", in merge-priority order
@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import ValueType
+from ..errors import BitformatError, MetadataError, UnsupportedConversionError
+from ..io.gguf import MetaValue
 from .chat_template import BITNET_CHAT_TEMPLATE, render_chat
-from .constants import ValueType
-from .errors import BitformatError, MetadataError, UnsupportedConversionError
-from .gguf_io import MetaValue
 
 #: The pre-tokenizer regex of Llama 3 (``tokenizer.json``; llama.cpp's ``llama-bpe``).
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
@@ -164,7 +164,7 @@ def _typed_list(v: Any, kind, key: str) -> list:
 def corpus(max_bytes: int | None = None) -> list[str]:
     """Training text, the same on every machine: :func:`bitformat.synth_text.training_text`
     (generated prose and code, about ``max_bytes``)."""
-    from .synth_text import training_text
+    from ..synth_text import training_text
 
     return training_text(max_bytes)
 
@@ -227,22 +227,22 @@ def _merge_str(m: Any) -> str:
 
 
 def _pre_tokenizer(pre: str | None):
-    from . import tokenizer_pre
+    from . import pretokenize
 
-    return tokenizer_pre.build(pre if pre is not None else "llama-bpe")
+    return pretokenize.build(pre if pre is not None else "llama-bpe")
 
 
 def _ignore_merges(pre: str | None) -> bool:
-    from . import tokenizer_pre
+    from . import pretokenize
 
-    return tokenizer_pre.get(pre if pre is not None else "llama-bpe").ignore_merges
+    return pretokenize.get(pre if pre is not None else "llama-bpe").ignore_merges
 
 
 def default_add_bos(pre: str | None) -> bool:
     """llama.cpp's add_bos when the file does not say: true for the Llama 3 family."""
-    from . import tokenizer_pre
+    from . import pretokenize
 
-    return tokenizer_pre.get(pre if pre is not None else "llama-bpe").add_bos
+    return pretokenize.get(pre if pre is not None else "llama-bpe").add_bos
 
 
 def _build(d: BPEData, with_post_processor: bool):
@@ -297,13 +297,13 @@ class Tokenizer:
     """
 
     def __init__(self, metadata: dict[str, Any]):
-        from . import tokenizer_pre, tokenizer_spm
+        from . import pretokenize, spm
 
         model = metadata.get(_KEY + "model")
         if (model.plain() if isinstance(model, MetaValue) else model) == "llama":
-            self.data = tokenizer_spm.SPMData.from_metadata(metadata)
+            self.data = spm.SPMData.from_metadata(metadata)
             self.pre, self.pre_note = "", ""
-            self._tok = tokenizer_spm.build(self.data, with_post_processor=False)
+            self._tok = spm.build(self.data, with_post_processor=False)
             self.add_bos = self.data.add_bos if self.data.add_bos is not None else True
             self.chat_template = self.data.chat_template or BITNET_CHAT_TEMPLATE
             return
@@ -311,7 +311,7 @@ class Tokenizer:
         arch = metadata.get("general.architecture")
         arch = arch.plain() if isinstance(arch, MetaValue) else arch
         #: the pre-tokenizer run, and why when the file does not name one (for inspect)
-        self.pre, self.pre_note = tokenizer_pre.resolve(self.data.pre, arch)
+        self.pre, self.pre_note = pretokenize.resolve(self.data.pre, arch)
         if self.pre_note and self.pre == "default":
             import warnings
 
@@ -325,7 +325,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> Tokenizer:
-        from .gguf_io import GGUFReader
+        from ..io.gguf import GGUFReader
 
         with GGUFReader(path) as r:
             return cls(r.metadata)
@@ -415,12 +415,12 @@ def _spm_to_hf_files(metadata: dict[str, Any], out: Path) -> list[str]:
     """A SentencePiece vocabulary: ``tokenizer.model`` (exact: pieces, scores, types),
     ``tokenizer.json`` (the same tokenizer for the fast path, bos/eos by a post-processor)
     and the two JSON configs."""
-    from . import tokenizer_spm
+    from . import spm
 
-    d = tokenizer_spm.SPMData.from_metadata(metadata)
+    d = spm.SPMData.from_metadata(metadata)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer_spm.write_sentencepiece(d, out / "tokenizer.model")
-    tokenizer_spm.build(d, with_post_processor=True).save(str(out / "tokenizer.json"))
+    spm.write_sentencepiece(d, out / "tokenizer.model")
+    spm.build(d, with_post_processor=True).save(str(out / "tokenizer.json"))
     names = {"bos_token": d.bos_id, "eos_token": d.eos_id, "unk_token": d.unk_id,
              "pad_token": d.pad_id}
     special = {k: d.tokens[i] for k, i in names.items() if i is not None}
@@ -433,7 +433,7 @@ def _spm_to_hf_files(metadata: dict[str, Any], out: Path) -> list[str]:
         str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
                  "single_word": False, "special": True}
         for i, (t, ty) in enumerate(zip(d.tokens, d.token_types, strict=True))
-        if ty in (tokenizer_spm.TOKEN_CONTROL, tokenizer_spm.TOKEN_UNKNOWN)}
+        if ty in (spm.TOKEN_CONTROL, spm.TOKEN_UNKNOWN)}
     _write_hf_configs(out, config, special, d.chat_template,
                       {"clean_up_tokenization_spaces": False, "legacy": True})
     return d.uncarried(metadata)
@@ -477,7 +477,7 @@ def _from_hf_files(hf_dir: str | os.PathLike) -> dict[str, MetaValue]:
     path = folder / "tokenizer.json"
     if (folder / "tokenizer.model").is_file() and _is_spm(path):
         return _spm_from_hf_files(folder)
-    from .safetensors_io import read_json
+    from ..io.safetensors import read_json
 
     tj = read_json(path, "tokenizer.json")
     config = _read_json(folder / "tokenizer_config.json")
@@ -544,10 +544,10 @@ def _is_spm(tokenizer_json: Path) -> bool:
 def _spm_from_hf_files(folder: Path) -> dict[str, MetaValue]:
     """GGUF metadata from ``tokenizer.model``, with add_bos/add_eos, the special tokens and
     the chat template from ``tokenizer_config.json``."""
-    from . import tokenizer_spm
+    from . import spm
 
-    meta = tokenizer_spm.from_sentencepiece(folder / "tokenizer.model")
-    d = tokenizer_spm.SPMData.from_metadata(meta)
+    meta = spm.from_sentencepiece(folder / "tokenizer.model")
+    d = spm.SPMData.from_metadata(meta)
     config = _read_json(folder / "tokenizer_config.json")
     for key, attr in (("add_bos_token", "add_bos"), ("add_eos_token", "add_eos"),
                       ("add_prefix_space", "add_space_prefix")):
@@ -567,7 +567,7 @@ def _spm_from_hf_files(folder: Path) -> dict[str, MetaValue]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    from .safetensors_io import read_json
+    from ..io.safetensors import read_json
 
     if not path.is_file():
         return {}
@@ -576,9 +576,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _pre_name(pre: dict | None, path: str) -> str:
     """llama.cpp's pre-tokenizer name for a ``tokenizer.json`` pre_tokenizer."""
-    from . import tokenizer_pre
+    from . import pretokenize
 
-    name = tokenizer_pre.name_of(pre)
+    name = pretokenize.name_of(pre)
     if name is None:
         raise UnsupportedConversionError(
             "pre-tokenizer matches none llama.cpp names (llama-bpe, qwen2, gpt-2, falcon, "

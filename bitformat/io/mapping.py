@@ -1,6 +1,6 @@
 """Arrays that view a read-only file mapping, and giving their pages back after one read.
 
-Readers memory-map their files (:class:`~bitformat.gguf_io.GGUFReader`), so a tensor read once
+Readers memory-map their files (:class:`~bitformat.io.gguf.GGUFReader`), so a tensor read once
 and kept in another form (decoded, or copied into anonymous memory) would otherwise stay in
 the process's resident set twice. ``MADV_DONTNEED`` on a read-only file mapping only unmaps
 those pages from this process: a later read faults them back in from the page cache.

@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from .errors import BitformatIOError
+from ..errors import BitformatIOError
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 

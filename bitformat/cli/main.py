@@ -17,11 +17,11 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .cli_helpers import CompileNotice, check_output, check_threads, quantized_line
-from .constants import KV_TYPES
-from .errors import BitformatError, Terminated
-from .formats import CONVERT_TARGETS
+from .. import __version__
+from ..constants import KV_TYPES
+from ..errors import BitformatError, Terminated
+from ..formats import CONVERT_TARGETS
+from .helpers import CompileNotice, check_output, check_threads, quantized_line
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # matplotlib's savefig picks the format by extension
 
@@ -33,7 +33,7 @@ def _friendly_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from . import interrupts
+        from .. import interrupts
 
         previous = interrupts.install()
         try:
@@ -106,15 +106,15 @@ def _finite(ctx, param, value):
 
 class ModelSource(click.ParamType):
     """A model: a path, a Hugging Face cache snapshot folder, or ORG/NAME in the local cache
-    (:mod:`.hf_cache`; never downloaded)."""
+    (:mod:`..io.hf_cache`; never downloaded)."""
 
     name = "model"
 
     def convert(self, value, param, ctx):
         if isinstance(value, Path) and value.exists():
             return value
-        from .errors import BitformatError
-        from .hf_cache import resolve
+        from ..errors import BitformatError
+        from ..io.hf_cache import resolve
 
         try:
             return resolve(value)
@@ -169,8 +169,8 @@ def main(debug: bool) -> None:
 @_friendly_errors
 def inspect(file: Path, as_json: bool, i2s_layout: str) -> None:
     """Show the architecture, tokenizer and every tensor of FILE (a container or HF folder)."""
-    from .container import open_model
-    from .summary import render, summarize
+    from ..container import open_model
+    from ..summary import render, summarize
 
     with open_model(file, i2s_variant=i2s_layout) as model:
         total = sum(e.nbytes for e in model.entries)
@@ -188,7 +188,7 @@ def inspect(file: Path, as_json: bool, i2s_layout: str) -> None:
 def default_output(src: Path, target: str) -> Path:
     """``model.gguf`` -> ``model.tq2_0.gguf``; an HF export gets a folder ``model-hf``. A
     source in the Hugging Face cache writes to the current folder, named after the repo."""
-    from .hf_cache import cache_repo_name
+    from ..io.hf_cache import cache_repo_name
 
     repo = cache_repo_name(src)
     if repo is not None:
@@ -216,8 +216,8 @@ def default_output(src: Path, target: str) -> Path:
 def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: bool,
             i2s_layout: str) -> None:
     """Convert FILE into another container, losslessly (or refuse and say why)."""
-    from .container import convert as do_convert
-    from .container import open_model
+    from ..container import convert as do_convert
+    from ..container import open_model
 
     out = output or default_output(file, target)
     with open_model(file, i2s_variant=i2s_layout) as model:
@@ -249,8 +249,8 @@ def convert(file: Path, target: str, output: Path | None, allow_scale_rounding: 
 def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> None:
     """Bits per weight of FILE's model in every container, against the entropy floors, and
     the bytes one generated token reads in each (all measured from real encodings)."""
-    from .container import open_model
-    from .report import build_report, render
+    from ..container import open_model
+    from ..report import build_report, render
 
     check_output(plot, "--plot", PLOT_SUFFIXES)
     with open_model(file, i2s_variant=i2s_layout) as model:
@@ -261,7 +261,7 @@ def report(file: Path, as_json: bool, plot: Path | None, i2s_layout: str) -> Non
     finally:
         bar.close()
     if plot is not None:
-        from .report_plot import plot_report
+        from ..report_plot import plot_report
 
         plot_report(rep, plot)
     _show(rep, render, as_json, plot)
@@ -290,7 +290,7 @@ def synth(preset: str, seed: int, output: Path, embedding: str) -> None:
     """Build a ternary model with a family's real architecture and profile-drawn trits."""
     from tqdm import tqdm
 
-    from .synth import synth as do_synth
+    from ..synth import synth as do_synth
 
     with tqdm(desc=f"synth {preset}", unit="tensor", disable=not sys.stderr.isatty(),
               leave=False, file=sys.stderr) as bar:
@@ -392,7 +392,7 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
     reported speeds): on 2 cores the full-size 2B-4T's first token comes about 30 s after the
     start instead of 10-12 s; `bitformat warmup` does it ahead. For a conversation of several
     turns, use `bitformat chat`."""
-    from .cli_helpers import ready_model
+    from .helpers import ready_model
 
     ids = _parse_ids(prompt_ids)
     if sum(x is not None for x in (prompt, prompt_file, ids)) != 1:
@@ -469,9 +469,9 @@ def chat(file: Path, system: str | None, max_tokens: int | None, backend: str,
     The KV cache is kept between turns, so each turn runs only its new tokens. Type /help
     for the commands (/reset, /system TEXT, /exit); Ctrl-C stops an answer, Ctrl-D or Ctrl-C
     at the prompt ends the chat. Input need not be a terminal: lines piped in are turns."""
-    from .cli_chat import chat_loop
-    from .cli_helpers import ready_model
-    from .runtime.chat import ChatSession
+    from ..runtime.chat import ChatSession
+    from .chat import chat_loop
+    from .helpers import ready_model
 
     with ready_model(file, backend, i2s_layout, threads, decode, head, kv_cache) as model:
         _check_context(model, context)
@@ -505,7 +505,7 @@ def warmup(backend: str) -> None:
     run` starts at once."""
     from tqdm import tqdm
 
-    from .runtime.warmup import on_compile, warm_up_all
+    from ..runtime.warmup import on_compile, warm_up_all
 
     notice = CompileNotice()
     with tqdm(desc="warmup", unit="model", leave=False, file=sys.stderr,
@@ -555,7 +555,7 @@ def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, m
     Each request that ends writes a line on stderr: client, method and path, status, prompt
     and answer tokens, milliseconds (--quiet: none). Sampling follows the OpenAI API, whose
     default temperature is 1.0: ask for temperature 0 to get `bitformat run`'s tokens."""
-    from .serve import serve as do_serve
+    from ..serve import serve as do_serve
 
     def ready(info: dict) -> None:
         if info["note"]:
@@ -602,7 +602,7 @@ def bench(file: Path, backend: str, formats: str, tokens: int, as_json: bool,
     per token the bytes read, the time and the GB/s, and decode tokens/s."""
     from tqdm import tqdm
 
-    from .bench import parse_formats, render, run_bench
+    from ..bench import parse_formats, render, run_bench
 
     check_output(plot, "--plot", PLOT_SUFFIXES)
     fids = parse_formats(formats)
@@ -621,7 +621,7 @@ def bench(file: Path, backend: str, formats: str, tokens: int, as_json: bool,
                            repeats=repeats, i2s_variant=i2s_layout, convert_progress=convert_bar,
                            stage=stage, kv_cache=kv_cache)
     if plot is not None:
-        from .bench_plot import plot_bench
+        from ..bench_plot import plot_bench
 
         plot_bench(result, plot)
     _show(result, render, as_json, plot)

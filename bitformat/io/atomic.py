@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import BitformatIOError, OutputPathError
+from ..errors import BitformatIOError, OutputPathError
 
 try:
     import fcntl

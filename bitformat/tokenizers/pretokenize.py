@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import UnsupportedConversionError
+from ..errors import UnsupportedConversionError
 
 _CONTRACTIONS = r"'s|'t|'re|'ve|'m|'ll|'d"
 GPT2 = _CONTRACTIONS + r"| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from .constants import GGMLType
-from .errors import (
+from ..constants import GGMLType
+from ..errors import (
     BitformatIOError,
     CountTooLargeError,
     FormatError,
@@ -38,7 +38,7 @@ from .errors import (
     TruncatedError,
     UnknownTypeError,
 )
-from .gguf_io import sanitize
+from .gguf import sanitize
 
 MAX_HEADER = 100_000_000  # the safetensors library's own cap on the JSON header
 MAX_JSON = 256 << 20

@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_file, checkpoint
-from .constants import (
+from ..constants import (
     GGUF_DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
     GGUF_VERSION,
@@ -36,7 +35,7 @@ from .constants import (
     foreign_type,
     ggml_nbytes,
 )
-from .errors import (
+from ..errors import (
     BadMagicError,
     BitformatIOError,
     CountTooLargeError,
@@ -46,6 +45,7 @@ from .errors import (
     UnknownTypeError,
     UnsupportedVersionError,
 )
+from .atomic import atomic_file, checkpoint
 
 MAX_DIMS = 4
 MAX_STRING = 1 << 30
@@ -368,7 +368,7 @@ class GGUFReader:
 
     def array(self, name: str) -> np.ndarray:
         """A plain (non-block) tensor as a typed numpy array of its logical shape."""
-        from .constants import NUMPY_DTYPE
+        from ..constants import NUMPY_DTYPE
 
         info = self.tensors[name]
         if info.ggml_type not in NUMPY_DTYPE:

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .constants import GGMLType, ggml_nbytes
-from .errors import MissingTensorError
-from .gguf_io import MetaValue
-from .ternary import TernaryTensor
+from ..constants import GGMLType, ggml_nbytes
+from ..errors import MissingTensorError
+from ..ternary import TernaryTensor
+from .gguf import MetaValue
 
 
 @dataclass
