@@ -147,7 +147,7 @@ def test_chat_command_with_piped_stdin(tiny_gguf):
     """The real command in a subprocess: lines piped in are turns, answers on stdout."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     proc = subprocess.run(
-        [sys.executable, "-m", "bitformat.cli.main", "chat", str(tiny_gguf), "--backend", "numpy",
+        [sys.executable, "-m", "bitformat.cli", "chat", str(tiny_gguf), "--backend", "numpy",
          "-n", "5", "--system", "Be brief.", "--stats"],
         input="What is BitNet?\n/reset\nWhat is BitNet?\nMore?\n", capture_output=True,
         text=True, env=env, timeout=300)

@@ -342,3 +342,13 @@ def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypa
         for a, b in zip(fused, layered, strict=True):
             np.testing.assert_array_equal(a.k, b.k, err_msg=f"k cache, step {step}")
             np.testing.assert_array_equal(a.v, b.v, err_msg=f"v cache, step {step}")
+
+
+def test_every_row_container_has_a_cpu_kernel():
+    """The cpu backend dispatches through one table (:data:`CpuBackend.KERNELS`): every row
+    container of the registry, and the unpacked-trits fallback, has its mat-vec there."""
+    from bitformat.formats import ROW_FORMAT_IDS
+    from bitformat.runtime.cpu.backend import CpuBackend
+
+    assert set(ROW_FORMAT_IDS) | {"trits"} == set(CpuBackend.KERNELS)
+    assert all(callable(k) for k in CpuBackend.KERNELS.values())

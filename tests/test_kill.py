@@ -68,7 +68,7 @@ def place(ref, path):
 def paused_convert(src, out, target, moment, exchange=True):
     """Start the CLI converting ``src``; return it once it stopped at ``moment``."""
     head = [sys.executable, "-c", NO_EXCHANGE] if not exchange else [
-        sys.executable, "-m", "bitformat.cli.main"]
+        sys.executable, "-m", "bitformat.cli"]
     env = {**os.environ, PAUSE_VAR: moment}
     p = subprocess.Popen([*head, "convert", str(src), "--to", target, "-o", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def start(path, *args):
     """A server process on a free port: (process, base URL)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "bitformat.cli.main", "serve", str(path),
+    proc = subprocess.Popen([sys.executable, "-m", "bitformat.cli", "serve", str(path),
                              "--port", "0", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     lines = []

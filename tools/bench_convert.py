@@ -28,7 +28,7 @@ CHAIN = ["tq2_0", "tq1_0", "stfma", "colpack_u32", "i2_s"]
 def run_child(args: list[str]) -> tuple[float, float]:
     """(seconds, peak RSS in GiB) of one bitformat command in a fresh process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "bitformat.cli.main", *args])
+    proc = subprocess.Popen([sys.executable, "-m", "bitformat.cli", *args])
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
@@ -46,7 +46,7 @@ def main() -> None:
     model.parent.mkdir(parents=True, exist_ok=True)
     if not model.exists():
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "bitformat.cli.main", "synth", "--preset", "2b4t",
+        subprocess.run([sys.executable, "-m", "bitformat.cli", "synth", "--preset", "2b4t",
                         "-o", str(model)], check=True)
         print(f"synth 2b4t: {time.perf_counter() - t0:.1f} s")
     from bitformat import open_model

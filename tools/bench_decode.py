@@ -13,7 +13,7 @@ from ``os.wait4``; it counts the memory-mapped file pages it touched):
   the f16 LM head) plus the KV cache the last step read;
 * the fraction of the bandwidth floor: (bytes per token / read bandwidth) / seconds per token.
   The read bandwidth is a numba ``prange`` row-wise sum over a 1 GiB array
-  (``bench_runtime.read_bandwidth``, the fastest read kernel of shared/research/ground-truth.md),
+  (``bench_runtime.read_bandwidth``, the fastest of the read kernels we tried on these VMs),
   measured in this run before and after the models; the floor uses the median of all samples.
 
 The llama.cpp copy of the TQ2_0 container has ``general.architecture = "bitnet"`` with the
@@ -546,7 +546,7 @@ def render(rows: list[dict], bw: list[float], a, load_before: str, load_after: s
             "may have run at the same time. /proc/loadavg (1, 5 and 15 min) read "
             f"{load_before} before the run and {load_after} after it. Ratios between the "
             "interleaved rows are more reliable than the absolute figures; "
-            "shared/research/ground-truth.md measured about ±20 % between runs."]
+            "repeated runs of one benchmark on these VMs differed by about ±20 %."]
     return "\n".join(out)
 
 

@@ -95,7 +95,7 @@ def size_and_speed(model: Path, repeats: int, threads: list[int]) -> dict:
 
 def run_child(args: list[str]) -> tuple[float, float]:
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "bitformat.cli.main", *args])
+    proc = subprocess.Popen([sys.executable, "-m", "bitformat.cli", *args])
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"bitformat {' '.join(args)} failed")
@@ -177,7 +177,7 @@ def main() -> None:
     threads = sorted({int(x) for x in args.threads.split(",")})
     if not args.model.exists():
         args.model.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "bitformat.cli.main", "synth", "--preset", "2b4t",
+        subprocess.run([sys.executable, "-m", "bitformat.cli", "synth", "--preset", "2b4t",
                         "-o", str(args.model)], check=True)
     r = size_and_speed(args.model, args.repeats, threads)
     n = r["weights"]

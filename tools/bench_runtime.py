@@ -8,7 +8,7 @@
 The mat-vec part streams each matrix from DRAM: the calls rotate over distinct copies taken
 from one buffer of ``--cold-mib`` MiB (default 1536, over the L3 the VM reports), so every call
 reads its weights cold. The machine's read bandwidth is a numba ``prange`` row-wise sum over a
-1 GiB array (the fastest read kernel found in shared/research/ground-truth.md). Timings on a
+1 GiB array (the fastest of the read kernels we tried on these VMs). Timings on a
 shared machine are noisy: each figure is the median of ``--repeat`` batches.
 """
 
@@ -91,7 +91,7 @@ def read_bandwidth(repeat: int) -> float:
     """The machine's read bandwidth (GB/s) as the fastest of two 2-thread read kernels over
     1 GiB (huge pages): numba row sums as they come, and the same sums with each thread
     prefetching 8 KiB ahead into L2 (``prefetcht1``, as the model's kernels do). On the AMD
-    EPYC of shared/research/ground-truth.md the first reached 40-43 GB/s; on an Intel Xeon
+    EPYC VMs of these benchmarks the first reached 40-43 GB/s; on an Intel Xeon
     (AMX) VM it gives 16-17 GB/s while the f16 LM head kernel streams 28-29, so without the
     second the "bandwidth floor" would be below what the model's own kernels read."""
     import numba

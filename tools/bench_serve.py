@@ -83,7 +83,7 @@ class Contention:
 
 def start_server(model: Path, max_batch: int, threads: list[str]) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "bitformat.cli.main", "serve", str(model),
+    proc = subprocess.Popen([sys.executable, "-m", "bitformat.cli", "serve", str(model),
                              "--backend", "cpu", "--max-batch", str(max_batch), "--port", "0",
                              *threads],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -131,7 +131,7 @@ def clients_run(url: str, n: int, tokens: int) -> dict:
 
 def run_cli(model: Path, tokens: int, threads: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "bitformat.cli.main", "run", str(model), "-p",
+    out = subprocess.run([sys.executable, "-m", "bitformat.cli", "run", str(model), "-p",
                           PROMPTS[0], "-n", str(tokens), "--json", *threads], capture_output=True,
                          text=True, env=env, check=True).stdout
     r = json.loads(out.strip().splitlines()[-1])

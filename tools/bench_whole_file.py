@@ -257,7 +257,7 @@ def main() -> None:
     started = time.time()
     args.work.mkdir(parents=True, exist_ok=True)
     if not args.model.exists():
-        subprocess.run([sys.executable, "-m", "bitformat.cli.main", "synth", "--preset", "2b4t",
+        subprocess.run([sys.executable, "-m", "bitformat.cli", "synth", "--preset", "2b4t",
                         "-o", str(args.model)], check=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     rans = args.work / "2b4t.rans.gguf"

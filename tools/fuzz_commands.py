@@ -13,7 +13,7 @@ or exits 1 or 2 with a one-line error that is not an "internal error". It fails 
 *hang* (no answer within the per-case timeout) or an *over-allocation* (MemoryError under
 the address-space cap, or the worker's resident set grown past ``RSS_BOUND_MIB``: the file
 made bitformat ask for far more memory than the tiny model it is). One case in
-``--subprocess-every`` also runs through a real ``python -m bitformat.cli.main`` process, to check
+``--subprocess-every`` also runs through a real ``python -m bitformat.cli`` process, to check
 what a user sees (exit status, no "Traceback" on stderr).
 
 Cases are numbered; case ``i`` is reproducible from ``i`` alone (``--only i``). Those that
@@ -404,7 +404,7 @@ def _limit_memory() -> None:
 def run_subprocess(args: list[str]) -> tuple[str, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), BITFORMAT_DEBUG="0")
     try:
-        p = subprocess.run([sys.executable, "-m", "bitformat.cli.main", *args], capture_output=True,
+        p = subprocess.run([sys.executable, "-m", "bitformat.cli", *args], capture_output=True,
                            text=True, timeout=CASE_TIMEOUT, env=env, preexec_fn=_limit_memory)
     except subprocess.TimeoutExpired:
         return "hang", ""

@@ -522,51 +522,68 @@ class CpuBackend(Backend):
 
     def bitlinear(self, qa: QuantizedActivations, w: CpuWeight | KR.RansWeight) -> np.ndarray:
         s = self._derived(qa, "s")
-        enc = w.encoding
-        if enc == "rans":
+        if w.encoding == "rans":
             return self._rans(qa, w, s)
         out = np.empty((qa.q.shape[0], w.rows), dtype=np.float32)
-        if enc in TWO_BIT:
-            xg = self._derived(qa, w.layout, w.data.shape[1] * 4)
-            corr = (np.zeros(len(s), np.int32) if w.kind == K.KIND_COLPACK
-                    else self._derived(qa, "sum"))
-            if (self.amx and len(s) > 1 and w.kind != K.KIND_COLPACK
-                    and w.data.shape[1] % 64 == 0):
-                self._amx(qa, w, xg, corr, s, out)
-                return out
-            kernel = (self._mm2 if len(s) == 1 else self._mm2_tokens
-                      if self._mm2_tokens and len(s) <= BATCH_TOKENS and w.kind != K.KIND_COLPACK
-                      else self._mm2_prompt)
-            if kernel is K.mm2_portable:  # its compiled kernel for this layout
-                kernel = K.MM2_PORTABLE[w.kind]
-            elif kernel is K.mm2_avx2:
-                kernel = K.MM2_AVX2[w.kind]
-            self._call(kernel, w.data.nbytes, w.data, xg, corr, s, w.scale, w.kind, out)
-        elif enc == "tq2_0":
-            xg = self._derived(qa, "x86", w.cols)
-            self._call(self._tq2, w.data.nbytes, w.data, xg, self._derived(qa, "blocks"), s, out)
-        elif enc == "tq1_0":
-            self._call(self._tq1, w.data.nbytes, w.data, qa.q, self._derived(qa, "blocks"), s,
-                       out)
-        elif enc == "q2_0":
-            xg = self._derived(qa, "plain", w.cols)
-            if self._lut_f16 is None:
-                self._lut_f16 = H.lut16("F16")
-            self._call(self._q2, w.data.nbytes, w.data, xg, self._derived(qa, "blocks", 64),
-                       s, self._lut_f16, out)
-        elif enc == "iq2_bn":
-            xg = self._derived(qa, "arm64", w.cols)
-            self._call(self._iq2bn, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,
-                       w.scale, out)
-        elif enc == "iq1_bn" and self.kernel == "avx2":
+        self.KERNELS[w.encoding](self, qa, w, s, out)
+        return out
+
+    # Each row container's mat-vec, as :data:`KERNELS` lists them: ``(qa, w, s, out)``.
+    def _two_bit(self, qa, w, s, out) -> None:
+        """i2_s, stfma, colpack_u32 (and rans decoded at load, rows padded to stfma): the
+        2-bit kernels, AMX tiles for a prompt where the CPU has them."""
+        xg = self._derived(qa, w.layout, w.data.shape[1] * 4)
+        corr = (np.zeros(len(s), np.int32) if w.kind == K.KIND_COLPACK
+                else self._derived(qa, "sum"))
+        if (self.amx and len(s) > 1 and w.kind != K.KIND_COLPACK
+                and w.data.shape[1] % 64 == 0):
+            self._amx(qa, w, xg, corr, s, out)
+            return
+        kernel = (self._mm2 if len(s) == 1 else self._mm2_tokens
+                  if self._mm2_tokens and len(s) <= BATCH_TOKENS and w.kind != K.KIND_COLPACK
+                  else self._mm2_prompt)
+        if kernel is K.mm2_portable:  # its compiled kernel for this layout
+            kernel = K.MM2_PORTABLE[w.kind]
+        elif kernel is K.mm2_avx2:
+            kernel = K.MM2_AVX2[w.kind]
+        self._call(kernel, w.data.nbytes, w.data, xg, corr, s, w.scale, w.kind, out)
+
+    def _tq2_0(self, qa, w, s, out) -> None:
+        xg = self._derived(qa, "x86", w.cols)
+        self._call(self._tq2, w.data.nbytes, w.data, xg, self._derived(qa, "blocks"), s, out)
+
+    def _tq1_0(self, qa, w, s, out) -> None:
+        self._call(self._tq1, w.data.nbytes, w.data, qa.q, self._derived(qa, "blocks"), s, out)
+
+    def _q2_0(self, qa, w, s, out) -> None:
+        xg = self._derived(qa, "plain", w.cols)
+        if self._lut_f16 is None:
+            self._lut_f16 = H.lut16("F16")
+        self._call(self._q2, w.data.nbytes, w.data, xg, self._derived(qa, "blocks", 64), s,
+                   self._lut_f16, out)
+
+    def _iq2_bn(self, qa, w, s, out) -> None:
+        xg = self._derived(qa, "arm64", w.cols)
+        self._call(self._iq2bn, w.data.nbytes, w.data, xg, self._derived(qa, "sum"), s,
+                   w.scale, out)
+
+    def _iq1_bn(self, qa, w, s, out) -> None:
+        if self.kernel == "avx2":
             self._call(K.iq1bn_avx2, w.data.nbytes, w.data, self._derived(qa, "iq1", w.cols),
                        qa.q, self._derived(qa, "sum"), s, w.scale, out)
-        elif enc == "iq1_bn":
+        else:
             self._call(K.iq1bn_portable, w.data.nbytes, w.data, qa.q, self._derived(qa, "sum"),
                        s, w.scale, out)
-        else:
-            self._call(K.mm_trits, w.data.nbytes, w.data, w.scale, qa.q, s, out)
-        return out
+
+    def _trits(self, qa, w, s, out) -> None:
+        """Unpacked trits (int8 rows): what a weight no kernel reads is held as."""
+        self._call(K.mm_trits, w.data.nbytes, w.data, w.scale, qa.q, s, out)
+
+    #: weight encoding -> its mat-vec (every row container of :data:`~bitformat.formats.
+    #: ROW_FORMAT_IDS` has one; rans runs :meth:`_rans`); ``tests/test_cpu_ops.py`` checks
+    #: the table covers the registry
+    KERNELS = {**dict.fromkeys(TWO_BIT, _two_bit), "tq2_0": _tq2_0, "tq1_0": _tq1_0,
+               "q2_0": _q2_0, "iq2_bn": _iq2_bn, "iq1_bn": _iq1_bn, "trits": _trits}
 
     def _amx(self, qa: QuantizedActivations, w: CpuWeight, xg: np.ndarray, corr: np.ndarray,
              s: np.ndarray, out: np.ndarray) -> None:

@@ -1,0 +1,5 @@
+"""``python -m bitformat.cli``: the ``bitformat`` command."""
+
+from .main import main
+
+main()
