@@ -177,7 +177,7 @@ def kv_bytes_per_position(args: Any, kv_cache: str = "f32") -> int:
 
 def class_bytes(model: Model, kv_bytes: int, decode: str = "") -> dict[str, int]:
     """Bytes per token of each kernel class (see the module docstring)."""
-    from .runtime.cpu.rans_rows import stfma_row_bytes
+    from .codecs.rans_rows import stfma_row_bytes
 
     out = dict.fromkeys(CLASSES, 0)
     for e in model.entries:

@@ -33,6 +33,23 @@ def test_a_change_in_any_source_drops_every_cached_kernel(tmp_path):
     assert KC.check(tmp_path) and _cached(tmp_path) == []
 
 
+def test_a_change_in_the_codecs_drops_the_backend_kernels(tmp_path):
+    """The cpu kernels inline the codecs' rANS step: a codec change clears both folders."""
+    cpu, codecs = tmp_path / "cpu", tmp_path / "codecs"
+    for d, name in ((cpu, "rans.py"), (codecs, "rans_decode.py")):
+        d.mkdir()
+        (d / name).write_text("X = 1\n")
+        (d / "__pycache__").mkdir()
+    compiled = (cpu / "__pycache__" / "rans.rans_mv-1.py311.nbi",
+                codecs / "__pycache__" / "rans_decode._step-1.py311.nbi")
+    KC.check(cpu, codecs)
+    for f in compiled:
+        f.write_bytes(b"compiled")
+    assert not KC.check(cpu, codecs)
+    (codecs / "rans_decode.py").write_text("X = 2\n")
+    assert KC.check(cpu, codecs) and not any(f.exists() for f in compiled)
+
+
 def test_unwritable_cache_is_left_alone(tmp_path):
     (tmp_path / "a.py").write_text("")
     (tmp_path / "__pycache__").write_text("not a folder")  # mkdir fails: no error, nothing done

@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 from bitformat import load, open_model
 from bitformat.cli import main
+from bitformat.codecs import rans_decode as RD
+from bitformat.codecs import rans_rows as RR
 from bitformat.errors import FormatError, RequestError
 from bitformat.formats import get_format
 from bitformat.formats.rans import Rans
 from bitformat.io.gguf import GGUFReader, GGUFWriter
-from bitformat.runtime.cpu import rans as KR
-from bitformat.runtime.cpu import rans_rows as RR
 from bitformat.ternary import TernaryTensor
 
 PROMPT = [5, 17, 300, 42, 7, 99, 480, 1]
@@ -30,7 +30,7 @@ def stfma_rows(trits: np.ndarray) -> np.ndarray:
 
 
 def decode_rows(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    w = KR.rans_weight(raw, *shape, 1.5, "x", {}, check_crc=True)
+    w = RD.rans_weight(raw, *shape, 1.5, "x", {}, check_crc=True)
     out = np.full((shape[0], RR.stfma_row_bytes(shape[1])), 0xAA, np.uint8)  # not the answer
     return out, RR.decode_to_rows(w, out)
 

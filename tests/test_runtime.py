@@ -556,7 +556,7 @@ def test_rans_cpu_holds_only_container_words(tiny, kernel):
     """The backend keeps a view of the tensor's words plus index arrays a fraction of its size
     (no int8 trits), and every mat-vec matches the numpy backend exactly, for 1 token (a dot
     table per token), 3 (one decode per token) and 6 (one decode, row buffer)."""
-    from bitformat.runtime.cpu import rans as KR
+    from bitformat.codecs import rans_decode as RD
     from bitformat.runtime.cpu.backend import CpuBackend
     from bitformat.runtime.numpy_backend import NumpyBackend
 
@@ -567,7 +567,7 @@ def test_rans_cpu_holds_only_container_words(tiny, kernel):
         cpu, ref = CpuBackend(c, kernel=kernel, decode="fused"), NumpyBackend(c)
         for e in (e for e in c.entries if e.ternary):
             w = cpu.weight(e.name)
-            assert isinstance(w, KR.RansWeight)
+            assert isinstance(w, RD.RansWeight)
             assert np.shares_memory(w.data, c.plain(e.name)[1]) and w.data.nbytes == e.nbytes
             arrays = [v for v in vars(w).values() if isinstance(v, np.ndarray)]
             assert not any(a.dtype == np.int8 for a in arrays)
@@ -586,6 +586,7 @@ def test_rans_cpu_holds_only_container_words(tiny, kernel):
 def test_rans_kernels_geometries(shape, min_stream, mode):
     """Pieces per row (p > 1), several rows per stream, lock-step blocks and their leftovers,
     dead rows and columns, single-trit symbols: exact against integer sums."""
+    from bitformat.codecs import rans_decode as RD
     from bitformat.formats.rans import Rans
     from bitformat.runtime.cpu import rans as KR
     from bitformat.ternary import TernaryTensor
@@ -596,7 +597,7 @@ def test_rans_kernels_geometries(shape, min_stream, mode):
     trits[rng.random(rows) < 0.2] = 0  # dead rows
     trits[:, rng.random(cols) < 0.2] = 0  # dead columns
     raw = Rans(mode, min_stream=min_stream).encode(TernaryTensor(trits, np.float32([0.75])))
-    w = KR.rans_weight(raw, rows, cols, 0.75, "m", {})
+    w = RD.rans_weight(raw, rows, cols, 0.75, "m", {})
     for t in (1, 7):
         q = rng.integers(-128, 128, (t, cols)).astype(np.int8)
         s = rng.uniform(0.5, 2, t).astype(np.float32)
@@ -606,7 +607,7 @@ def test_rans_kernels_geometries(shape, min_stream, mode):
             tab = KR.token_table(w, q[0], np.empty(243 * w.n_sym, np.int16))
             KR.rans_mv(*args, tab, s, w.scale, out)
         else:
-            KR.rans_mm(*args, KR.symbol_digits(w.group), KR.live_activations(q, w), s, w.scale,
+            KR.rans_mm(*args, RD.symbol_digits(w.group), KR.live_activations(q, w), s, w.scale,
                        out)
         np.testing.assert_array_equal(out, _rans_exact(w, trits, q, s), err_msg=f"{t} tokens")
 

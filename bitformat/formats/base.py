@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..constants import GGMLType, ggml_nbytes
-from ..errors import ScaleLossError, ShapeError
+from ..errors import InvalidScaleError, ScaleLossError, ShapeError
 from ..ternary import TernaryTensor, f16_exact
 
 FORMATS: dict[str, type[TernaryFormat]] = {}
@@ -105,6 +105,64 @@ class TernaryFormat:
         self.decode(raw, rows, cols, scale=scale, path=path, name=name)
 
 
+class F16BlockFormat(TernaryFormat):
+    """GGML's block types with one f16 scale ``d`` per block of ``row_block`` trits (tq2_0,
+    tq1_0, q2_0): each block is ``block_bytes`` bytes, ``d`` at byte ``scale_at`` and the
+    trits' codes in the rest. A subclass says how codes are packed (:meth:`pack`) and read
+    back, checked (:meth:`unpack`); encoding, the size and scale checks are here, once."""
+
+    block_bytes: ClassVar[int]
+    scale_at: ClassVar[int]
+
+    def _codes(self, blocks: np.ndarray) -> np.ndarray:
+        """The code bytes of ``blocks`` [n, block_bytes]: all but the two of ``d``."""
+        at = self.scale_at
+        return blocks[:, :at] if at else blocks[:, 2:]
+
+    def pack(self, codes: np.ndarray) -> np.ndarray:  # pragma: no cover - interface
+        """uint8 codes (trit + 1) [n_blocks, row_block] -> code bytes [n_blocks, ...]."""
+        raise NotImplementedError
+
+    def unpack(self, packed: np.ndarray, per_row: int, path: str | None,
+               name: str | None) -> np.ndarray:  # pragma: no cover - interface
+        """Code bytes [n_blocks, ...] -> int8 trits [n_blocks, row_block]; a byte that holds
+        no valid code raises :class:`InvalidTritError` naming its row and column."""
+        raise NotImplementedError
+
+    def encode(self, t: TernaryTensor) -> np.ndarray:
+        codes = (t.trits.reshape(-1, self.row_block) + np.int8(1)).view(np.uint8)
+        nb = codes.shape[0]
+        out = np.empty((nb, self.block_bytes), dtype=np.uint8)
+        at = self.scale_at
+        out[:, at: at + 2] = t.scales.astype("<f2").reshape(nb, 1).view(np.uint8)
+        self._codes(out)[:] = self.pack(codes)
+        return out.reshape(-1)
+
+    def decode(self, raw: np.ndarray, rows: int, cols: int, *, scale: float | None = None,
+               path: str | None = None, name: str | None = None) -> TernaryTensor:
+        try:
+            self.check_shape(rows, cols, name or "")
+        except ShapeError as e:
+            raise ShapeError(e.problem, path=path, tensor=name) from None
+        qk = self.row_block
+        nb, per_row = rows * cols // qk, cols // qk
+        if raw.size != nb * self.block_bytes:
+            raise ShapeError(f"a {rows}x{cols} {self.format_id} tensor takes "
+                             f"{nb * self.block_bytes} bytes, got {raw.size}", path=path,
+                             tensor=name)
+        blocks = raw.reshape(nb, self.block_bytes)
+        at = self.scale_at
+        d = np.ascontiguousarray(blocks[:, at: at + 2]).view("<f2").astype(np.float32)
+        bad = ~np.isfinite(d)
+        if bad.any():
+            b = int(np.flatnonzero(bad)[0])
+            raise InvalidScaleError(f"block d is {float(d.flat[b])} at row {b // per_row}, "
+                                    f"block {b % per_row}", path=path, tensor=name)
+        trits = self.unpack(self._codes(blocks), per_row, path, name)
+        return TernaryTensor(trits.reshape(rows, cols), d.reshape(rows, per_row), qk,
+                             name or "")
+
+
 def _round_scales_f16(t: TernaryTensor, fmt: str, allow: bool) -> tuple[TernaryTensor, float]:
     s = t.scales
     with np.errstate(over="ignore"):
@@ -138,4 +196,4 @@ def get_format(format_id: str) -> TernaryFormat:
                          ) from None
 
 
-__all__ = ["FORMATS", "TernaryFormat", "get_format", "f16_exact"]
+__all__ = ["FORMATS", "F16BlockFormat", "TernaryFormat", "get_format", "f16_exact"]

@@ -19,10 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..constants import GGML_BLOCK_LAYOUT, FileType, GGMLType
-from ..errors import InvalidScaleError, InvalidTritError, ShapeError
-from ..ternary import TernaryTensor
-from .base import TernaryFormat
-from .tq2_0 import block_codes, first_code3
+from ..errors import InvalidTritError
+from .base import F16BlockFormat
+from .tq2_0 import first_code3
 
 QK = 64  # values per block
 QS_BYTES = QK // 4  # 16
@@ -44,7 +43,7 @@ def unpack_codes(packed: np.ndarray) -> np.ndarray:
     return ((packed[:, :, None] >> _SHIFTS) & 3).reshape(packed.shape[0], -1)
 
 
-class Q20(TernaryFormat):
+class Q20(F16BlockFormat):
     format_id = "q2_0"
     storage_type = GGMLType.Q2_0
     file_type = FileType.MOSTLY_Q2_0
@@ -53,32 +52,14 @@ class Q20(TernaryFormat):
     scale_dtype = "f16"
     description = "ggml Q2_0: 2.25 bits per weight, 64-value blocks with an f16 scale each"
 
-    def encode(self, t: TernaryTensor) -> np.ndarray:
-        codes = block_codes(t, QK)
-        nb = codes.shape[0]
-        out = np.empty((nb, BLOCK_BYTES), dtype=np.uint8)
-        out[:, :2] = t.scales.astype("<f2").reshape(nb, 1).view(np.uint8)
-        out[:, 2:] = pack_codes(codes)
-        return out.reshape(-1)
+    block_bytes = BLOCK_BYTES
+    scale_at = 0  # d, then qs[16]
 
-    def decode(self, raw: np.ndarray, rows: int, cols: int, *, scale: float | None = None,
-               path: str | None = None, name: str | None = None) -> TernaryTensor:
-        try:
-            self.check_shape(rows, cols, name or "")
-        except ShapeError as e:
-            raise ShapeError(e.problem, path=path, tensor=name) from None
-        nb, per_row = rows * cols // QK, cols // QK
-        if raw.size != nb * BLOCK_BYTES:
-            raise ShapeError(f"a {rows}x{cols} q2_0 tensor takes {nb * BLOCK_BYTES} bytes, "
-                             f"got {raw.size}", path=path, tensor=name)
-        blocks = raw.reshape(nb, BLOCK_BYTES)
-        d = np.ascontiguousarray(blocks[:, :2]).view("<f2").astype(np.float32)
-        bad = ~np.isfinite(d)
-        if bad.any():
-            b = int(np.flatnonzero(bad)[0])
-            raise InvalidScaleError(f"block d is {float(d.flat[b])} at row {b // per_row}, "
-                                    f"block {b % per_row}", path=path, tensor=name)
-        qs = blocks[:, 2:]
+    def pack(self, codes: np.ndarray) -> np.ndarray:
+        return pack_codes(codes)
+
+    def unpack(self, qs: np.ndarray, per_row: int, path: str | None,
+               name: str | None) -> np.ndarray:
         at = first_code3(qs)
         if at is not None:
             b, k = divmod(at, QS_BYTES)
@@ -90,5 +71,4 @@ class Q20(TernaryFormat):
                                    f"{byte:#04x})", path=path, tensor=name)
         trits = unpack_codes(qs).view(np.int8)
         trits -= np.int8(1)
-        return TernaryTensor(trits.reshape(rows, cols), d.reshape(rows, per_row), QK,
-                             name or "")
+        return trits

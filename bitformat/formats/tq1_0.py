@@ -23,10 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..constants import GGML_BLOCK_LAYOUT, FileType, GGMLType
-from ..errors import InvalidScaleError, InvalidTritError, ShapeError
-from ..ternary import TernaryTensor
-from .base import TernaryFormat
-from .tq2_0 import QK, block_codes
+from ..errors import InvalidTritError
+from .base import F16BlockFormat
+from .tq2_0 import QK
 
 BLOCK_BYTES = GGML_BLOCK_LAYOUT[GGMLType.TQ1_0][1]  # 54 = qs[48] + qh[4] + f16 d
 QS_BYTES = 48
@@ -97,7 +96,7 @@ def unpack_blocks(packed: np.ndarray) -> np.ndarray:
     return out
 
 
-class TQ10(TernaryFormat):
+class TQ10(F16BlockFormat):
     format_id = "tq1_0"
     storage_type = GGMLType.TQ1_0
     file_type = FileType.MOSTLY_TQ1_0
@@ -106,34 +105,14 @@ class TQ10(TernaryFormat):
     scale_dtype = "f16"
     description = "ggml TQ1_0: 1.69 bits per weight (base 3), 256-value blocks, f16 scale"
 
-    def encode(self, t: TernaryTensor) -> np.ndarray:
-        codes = block_codes(t)
-        nb = codes.shape[0]
-        out = np.empty((nb, BLOCK_BYTES), dtype=np.uint8)
-        out[:, :D_AT] = pack_blocks(codes)
-        out[:, D_AT:] = t.scales.astype("<f2").reshape(nb, 1).view(np.uint8)
-        return out.reshape(-1)
+    block_bytes = BLOCK_BYTES
+    scale_at = D_AT  # qs[48], qh[4], then d
 
-    def decode(self, raw: np.ndarray, rows: int, cols: int, *, scale: float | None = None,
-               path: str | None = None, name: str | None = None) -> TernaryTensor:
-        try:
-            self.check_shape(rows, cols, name or "")
-        except ShapeError as e:
-            raise ShapeError(e.problem, path=path, tensor=name) from None
-        nb = rows * cols // QK
-        per_row = cols // QK
-        if raw.size != nb * BLOCK_BYTES:
-            raise ShapeError(f"a {rows}x{cols} tq1_0 tensor takes {nb * BLOCK_BYTES} bytes, "
-                             f"got {raw.size}", path=path, tensor=name)
-        blocks = raw.reshape(nb, BLOCK_BYTES)
-        d = np.ascontiguousarray(blocks[:, D_AT:]).view("<f2").astype(np.float32)
-        bad = ~np.isfinite(d)
-        if bad.any():
-            b = int(np.flatnonzero(bad)[0])
-            raise InvalidScaleError(f"block d is {float(d.flat[b])} at row {b // per_row}, "
-                                    f"block {b % per_row}", path=path, tensor=name)
-        check_digit_bytes(blocks, ((0, QS_BYTES, VALID_QS, "five"),
+    def pack(self, codes: np.ndarray) -> np.ndarray:
+        return pack_blocks(codes)
+
+    def unpack(self, packed: np.ndarray, per_row: int, path: str | None,
+               name: str | None) -> np.ndarray:
+        check_digit_bytes(packed, ((0, QS_BYTES, VALID_QS, "five"),
                                    (QS_BYTES, D_AT, VALID_QH, "four")), per_row, path, name)
-        trits = unpack_blocks(blocks)
-        return TernaryTensor(trits.reshape(rows, cols), d.reshape(rows, per_row), QK,
-                             name or "")
+        return unpack_blocks(packed)

@@ -20,9 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..constants import GGML_BLOCK_LAYOUT, FileType, GGMLType
-from ..errors import InvalidScaleError, InvalidTritError, ShapeError
-from ..ternary import TernaryTensor
-from .base import TernaryFormat
+from ..errors import InvalidTritError
+from .base import F16BlockFormat
 
 QK = 256  # values per block
 QS_BYTES = QK // 4  # 64: four codes per byte
@@ -57,12 +56,7 @@ def first_code3(packed: np.ndarray) -> int | None:
     return int(np.flatnonzero(hit.reshape(-1))[0])
 
 
-def block_codes(t: TernaryTensor, size: int = QK) -> np.ndarray:
-    """uint8 codes (trit + 1) of ``t`` as ``(n_blocks, size)``, one row per block (TQ: 256)."""
-    return (t.trits.reshape(-1, size) + np.int8(1)).view(np.uint8)
-
-
-class TQ20(TernaryFormat):
+class TQ20(F16BlockFormat):
     format_id = "tq2_0"
     storage_type = GGMLType.TQ2_0
     file_type = FileType.MOSTLY_TQ2_0
@@ -71,44 +65,24 @@ class TQ20(TernaryFormat):
     scale_dtype = "f16"
     description = "ggml TQ2_0: 2 bits per weight, 256-value blocks with an f16 scale each"
 
-    def encode(self, t: TernaryTensor) -> np.ndarray:
-        codes = block_codes(t)
-        nb = codes.shape[0]
-        out = np.empty((nb, BLOCK_BYTES), dtype=np.uint8)
-        out[:, :QS_BYTES] = pack_qs(codes)
-        d = t.scales.astype("<f2").reshape(nb, 1)
-        out[:, QS_BYTES:] = d.view(np.uint8)
-        return out.reshape(-1)
+    block_bytes = BLOCK_BYTES
+    scale_at = QS_BYTES  # qs[64], then d
 
-    def decode(self, raw: np.ndarray, rows: int, cols: int, *, scale: float | None = None,
-               path: str | None = None, name: str | None = None) -> TernaryTensor:
-        try:
-            self.check_shape(rows, cols, name or "")
-        except ShapeError as e:
-            raise ShapeError(e.problem, path=path, tensor=name) from None
-        nb = rows * cols // QK
-        if raw.size != nb * BLOCK_BYTES:
-            raise ShapeError(f"a {rows}x{cols} tq2_0 tensor takes {nb * BLOCK_BYTES} bytes, "
-                             f"got {raw.size}", path=path, tensor=name)
-        blocks = raw.reshape(nb, BLOCK_BYTES)
-        d = np.ascontiguousarray(blocks[:, QS_BYTES:]).view("<f2").astype(np.float32)
-        bad = ~np.isfinite(d)
-        if bad.any():
-            b = int(np.flatnonzero(bad)[0])
-            raise InvalidScaleError(f"block d is {float(d.flat[b])} at row {b // (cols // QK)}"
-                                    f", block {b % (cols // QK)}", path=path, tensor=name)
-        qs = blocks[:, :QS_BYTES]
+    def pack(self, codes: np.ndarray) -> np.ndarray:
+        return pack_qs(codes)
+
+    def unpack(self, qs: np.ndarray, per_row: int, path: str | None,
+               name: str | None) -> np.ndarray:
         at = first_code3(qs)
         if at is not None:
             b, k = divmod(at, QS_BYTES)
             byte = int(qs[b, k])
             g = next(g for g in range(4) if (byte >> 2 * g) & 3 == 3)
             j = (k // 32) * 128 + g * 32 + k % 32
-            r, blk = divmod(b, cols // QK)
+            r, blk = divmod(b, per_row)
             raise InvalidTritError(f"code 3 (not a trit) at row {r}, column {blk * QK + j} "
                                    f"(block {blk}, byte {k} = {byte:#04x})", path=path,
                                    tensor=name)
         trits = unpack_qs(qs).view(np.int8)
         trits -= np.int8(1)
-        return TernaryTensor(trits.reshape(rows, cols), d.reshape(rows, cols // QK), QK,
-                             name or "")
+        return trits

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from ...codecs import rans_decode as RD
+from ...codecs import rans_rows as RR
 from ...constants import GGMLType
 from ...errors import InvalidScaleError, MetadataError, RequestError
 from ...formats import get_format
@@ -45,7 +47,6 @@ from . import head as H
 from . import kernels as K
 from . import ops
 from . import rans as KR
-from . import rans_rows as RR
 from . import screen as S
 from .arena import WeightArena, resident_copy
 from .threadpool import load_tbb
@@ -256,7 +257,7 @@ class CpuBackend(Backend):
         return (self.kernel == "vnni" and e.ternary and e.encoding in PADDED
                 and e.shape[1] % CHUNK_WEIGHTS != 0)
 
-    def weight(self, name: str) -> CpuWeight | KR.RansWeight:
+    def weight(self, name: str) -> CpuWeight | RD.RansWeight:
         e = self.model.entry(name)
         if e.encoding == "rans":
             if self.decode == "load":
@@ -280,7 +281,7 @@ class CpuBackend(Backend):
                              src.fmt.row_scales(data))
         return CpuWeight(src.encoding, src.rows, src.cols, data, np.float32(0))
 
-    def _rans_weight(self, name: str) -> KR.RansWeight:
+    def _rans_weight(self, name: str) -> RD.RansWeight:
         """The tensor's words as they are, with the index arrays to decode them in the kernel."""
         rows, cols = self.model.entry(name).shape
         if self.validate:  # every check of the format's reader; the trits are dropped
@@ -292,7 +293,7 @@ class CpuBackend(Backend):
                                     tensor=name)
             if not np.isfinite(scale):
                 raise InvalidScaleError(f"scale is {scale}", path=self.model.path, tensor=name)
-        return KR.rans_weight(self.model.plain(name)[1], rows, cols, scale, name, self._colsets)
+        return RD.rans_weight(self.model.plain(name)[1], rows, cols, scale, name, self._colsets)
 
     def _decoded_rans(self, name: str) -> CpuWeight:
         """A rans matrix decoded once into stfma rows in the arena (``decode="load"``,
@@ -334,7 +335,7 @@ class CpuBackend(Backend):
         scales = np.ascontiguousarray(t.scales, dtype=np.float32)
         return CpuWeight("trits", t.rows, t.cols, t.trits, scales)
 
-    def stack(self, weights: list[CpuWeight | KR.RansWeight]) -> CpuWeight | None:
+    def stack(self, weights: list[CpuWeight | RD.RansWeight]) -> CpuWeight | None:
         """Matrices of one encoding and row layout that lie one after another in the arena
         (the model asks for q, k, v and gate, up in turn) as one weight over all their rows;
         per-tensor scales become per-row scales. None for anything else (rans, repacked)."""
@@ -520,7 +521,7 @@ class CpuBackend(Backend):
                 qa.cache[full] = K.slot_activations(qa.q, key, width)
         return qa.cache[full]
 
-    def bitlinear(self, qa: QuantizedActivations, w: CpuWeight | KR.RansWeight) -> np.ndarray:
+    def bitlinear(self, qa: QuantizedActivations, w: CpuWeight | RD.RansWeight) -> np.ndarray:
         s = self._derived(qa, "s")
         if w.encoding == "rans":
             return self._rans(qa, w, s)
@@ -605,7 +606,7 @@ class CpuBackend(Backend):
             if part is not out:
                 out[t0:t1] = part
 
-    def _rans(self, qa: QuantizedActivations, w: KR.RansWeight, s: np.ndarray) -> np.ndarray:
+    def _rans(self, qa: QuantizedActivations, w: RD.RansWeight, s: np.ndarray) -> np.ndarray:
         out = np.zeros((qa.q.shape[0], w.rows), dtype=np.float32)  # dead rows stay 0
         args = (w.data, w.word_off, w.lrows, w.k, w.p, w.m0, w.cls, w.dec)
         if qa.q.shape[0] <= KR.MV_TOKENS:  # decode once per token, at a lookup per symbol
@@ -616,11 +617,11 @@ class CpuBackend(Backend):
             key = f"rans-x:{w.colset}:{w.group}"
             if key not in qa.cache:
                 qa.cache[key] = KR.live_activations(qa.q, w)
-            self._call(KR.rans_mm, w.work, *args, KR.symbol_digits(w.group), qa.cache[key], s,
+            self._call(KR.rans_mm, w.work, *args, RD.symbol_digits(w.group), qa.cache[key], s,
                        w.scale, out)
         return out
 
-    def _rans_table(self, qa: QuantizedActivations, w: KR.RansWeight, t: int) -> np.ndarray:
+    def _rans_table(self, qa: QuantizedActivations, w: RD.RansWeight, t: int) -> np.ndarray:
         """Token t's dot-product table for ``w``'s live columns, made once per activation and
         column set, in a scratch buffer per token index reused by every call (so it stays in
         the caches)."""

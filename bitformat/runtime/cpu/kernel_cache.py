@@ -1,4 +1,5 @@
-"""Keeps numba's on-disk cache of the ``cpu`` kernels consistent with their sources.
+"""Keeps numba's on-disk cache of the ``cpu`` kernels (and the codecs' they inline)
+consistent with their sources.
 
 numba caches each compiled function (``cache=True``) under ``__pycache__`` beside its file and
 reuses it while *that file* is unchanged. The kernels here call helpers and intrinsics of
@@ -6,8 +7,9 @@ their sibling files (decode.py inlines amx.py's tile loops and kernels.py's dots
 change to one file (a ``git pull``, an edit in a working tree) a cached kernel of another can
 keep the old code: at best stale speed, at worst instructions the new code no longer guards
 (an AMX kernel compiled before it required GFNI ran on a check that had changed: "Illegal
-instruction"). :func:`check` keeps a digest of every source file of this package beside the
-cache and, when it differs, removes the package's cached kernels once, so they recompile.
+instruction"). :func:`check` keeps a digest of every source file of this package and of
+``codecs/`` beside the cache and, when it differs, removes both folders' cached kernels once,
+so they recompile.
 """
 
 from __future__ import annotations
@@ -17,37 +19,47 @@ import os
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: the codecs' kernels, which the cpu backend's inline (the rANS decode step and stream start)
+CODECS = HERE.parents[1] / "codecs"
+#: the folders kept consistent together: the first holds the digest
+FOLDERS = (HERE, CODECS)
 STAMP = "bitformat-kernel-sources.sha256"
 
 
-def sources_digest(folder: Path = HERE) -> str:
-    """sha256 over the names and bytes of the folder's ``.py`` files, in name order."""
+def sources_digest(*folders: Path) -> str:
+    """sha256 over the names and bytes of the folders' ``.py`` files, in name order
+    (:data:`FOLDERS` by default)."""
     h = hashlib.sha256()
-    for p in sorted(folder.glob("*.py")):
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    for folder in folders or FOLDERS:
+        h.update(str(folder.name).encode() + b"/\0")
+        for p in sorted(folder.glob("*.py")):
+            h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
 
-def check(folder: Path = HERE) -> bool:
-    """Remove the folder's cached numba kernels if its sources changed since they were
-    cached; True when it removed some. Does nothing where ``__pycache__`` is not writable
-    (numba then caches elsewhere) or the package is not a plain folder of files."""
-    cache = folder / "__pycache__"
-    stamp = cache / STAMP
+def check(*folders: Path) -> bool:
+    """Remove the folders' cached numba kernels (:data:`FOLDERS` by default) if any of their
+    sources changed since they were cached; True when it removed some. Does nothing where
+    ``__pycache__`` is not writable (numba then caches elsewhere) or the package is not a
+    plain folder of files."""
+    folders = folders or FOLDERS
+    stamp = folders[0] / "__pycache__" / STAMP
     try:
-        digest = sources_digest(folder)
+        digest = sources_digest(*folders)
         if stamp.is_file() and stamp.read_text().strip() == digest:
             return False
         removed = False
-        if cache.is_dir():
-            for f in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
-                try:
-                    f.unlink()
-                    removed = True
-                except FileNotFoundError:  # another process got there first
-                    pass
-        cache.mkdir(exist_ok=True)
-        tmp = cache / f"{STAMP}.{os.getpid()}"
+        for folder in folders:
+            cache = folder / "__pycache__"
+            if cache.is_dir():
+                for f in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
+                    try:
+                        f.unlink()
+                        removed = True
+                    except FileNotFoundError:  # another process got there first
+                        pass
+        stamp.parent.mkdir(exist_ok=True)
+        tmp = stamp.parent / f"{STAMP}.{os.getpid()}"
         tmp.write_text(digest + "\n")
         os.replace(tmp, stamp)
         return removed

@@ -461,7 +461,7 @@ class WgpuBackend(Backend):
     @property
     def weight_bytes_per_token(self) -> int:
         """Bytes a step reads: rans decoded at load as stfma rows, a coded head as f16."""
-        from ..cpu.rans_rows import stfma_row_bytes
+        from ...codecs.rans_rows import stfma_row_bytes
 
         return sum(e.shape[0] * stfma_row_bytes(e.shape[1])
                    if e.encoding == "rans" and self.decode == "load" else e.plain_nbytes
@@ -507,7 +507,7 @@ class WgpuBackend(Backend):
         """The rANS streams decoded once on the host into stfma rows (the cpu backend's
         checked decoder; the CRC-32 when validating). On lavapipe the 2-bit kernels ran a
         token 4-5x faster than the fused rANS kernels (docs/gpu.md)."""
-        from ..cpu.rans_rows import decode_matrix
+        from ...codecs.rans_rows import decode_matrix
 
         rows, cols = self.model.entry(name).shape
         data, scale = decode_matrix(self.model, name, validate=self.validate)

@@ -1,21 +1,22 @@
 """``rans`` matrices decoded once at load into stfma rows (``decode="load"``, the default).
 
-Every stream is decoded once, :data:`~.rans.LANES` row groups in lock-step per thread as in
-the fused kernels (:mod:`.rans`, whose decode step and stream start are used here), into
-the stfma layout: 16 codes ``trit + 1`` per u32, column ``c`` at bits ``2c`` of its row, dead
-rows and columns as trit 0 (code 1). A row whose columns are all live is packed straight from
-the symbols, 10 bits each (:data:`CODES10`); with dead columns the live codes are packed first
-and each run of consecutive live columns is copied into place (:func:`live_runs`); single-trit
-streams go through a per-column gather. Every stream is checked as it ends (state 0, every
-word read, last word not 0, padding trits 0), so nothing is trusted that the format's reader
-would refuse. The 2-bit kernels then read the rows like any stfma matrix, and the backend
-stacks q/k/v and gate/up as for the other containers.
+Every stream is decoded once, :data:`~.rans_decode.LANES` row groups in lock-step per thread as
+in the cpu backend's fused kernels, with the codec's decode step and stream start
+(:mod:`.rans_decode`), into the stfma layout: 16 codes ``trit + 1`` per u32, column ``c`` at
+bits ``2c`` of its row, dead rows and columns as trit 0 (code 1). A row whose columns are all
+live is packed straight from the symbols, 10 bits each (:data:`CODES10`); with dead columns the
+live codes are packed first and each run of consecutive live columns is copied into place
+(:func:`live_runs`); single-trit streams go through a per-column gather. Every stream is
+checked as it ends (state 0, every word read, last word not 0, padding trits 0), so nothing is
+trusted that the format's reader would refuse. The 2-bit kernels then read the rows like any
+stfma matrix, and the backend stacks q/k/v and gate/up as for the other containers.
 
-The kernels below call ``_step`` and ``_start`` from :mod:`.rans`. The helpers are separate
-numba functions, not inlined into the caller's IR (``inline="always"``): LLVM still inlines
-them, the decode runs as fast (2B-4T's rans file loaded in a median 8.34 s against 8.54 s,
-three alternating rounds), and ``rans_rows`` compiles in about 4 s instead of 110 s on a
-2-core AMD EPYC. :mod:`.kernel_cache` clears the cache when any file of the package changes.
+The kernels below call ``_step`` and ``_start`` from :mod:`.rans_decode`. The helpers are
+separate numba functions, not inlined into the caller's IR (``inline="always"``): LLVM still
+inlines them, the decode runs as fast (2B-4T's rans file loaded in a median 8.34 s against 8.54
+s, three alternating rounds), and ``rans_rows`` compiles in about 4 s instead of 110 s on a
+2-core AMD EPYC. :mod:`bitformat.runtime.cpu.kernel_cache` clears the cache when any file of
+this package or of the cpu backend changes.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ...codecs import rans_tables as rt
-from ...errors import MetadataError
-from ...formats import rans as R
-from ...io.mapping import drop_pages
-from ...io.model import Model
-from .rans import _JIT, _U, LANES, RansWeight, _start, _step, rans_weight, symbol_digits
+from ..errors import MetadataError
+from ..formats import rans as R
+from ..io.mapping import drop_pages
+from ..io.model import Model
+from . import rans_tables as rt
+from .rans_decode import _JIT, _U, LANES, RansWeight, _start, _step, rans_weight, symbol_digits
 
 #: stfma codes of each 5-trit symbol: trit d (column order) as code trit + 1 at bits 2d
 CODES10 = ((rt.GROUP5_TRITS.astype(np.uint32) + 1) << (2 * np.arange(5, dtype=np.uint32))
