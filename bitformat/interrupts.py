@@ -68,20 +68,35 @@ def handled() -> bool:
 EXIT_GRACE = 5.0
 
 
-def exiting(code: int) -> None:
+def exiting(code: int) -> bool:
     """The interrupt was handled and the command now exits with ``code``: disarm the
     watchdog, and end the process with ``code`` should the interpreter's shutdown not finish
     in :data:`EXIT_GRACE` seconds (a worker thread it waits for: one killed conversion in a
     full test run under load took over a minute). Without a signal (an exception raised
-    in-process) only the first."""
+    in-process) only the first. True when a signal was handled."""
     if not handled():
-        return
+        return False
 
     def finish() -> None:
         time.sleep(EXIT_GRACE)
         os._exit(code)
 
     threading.Thread(target=finish, daemon=True, name="bitformat-exit-watchdog").start()
+    return True
+
+
+def end_process(code: int) -> None:
+    """End a command that a signal stopped, once its output is cleaned up and its one line
+    said: flush and leave without the interpreter's shutdown. A shutdown while numba's
+    compiler was interrupted mid-function crashed now and then (SIGSEGV instead of 143 in a
+    full test run); nothing is left for it to do (the atomic writers have removed their
+    temporaries, and numba writes each cached kernel whole when it is compiled)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _on_signal(signum: int, frame) -> None:

@@ -314,7 +314,11 @@ def test_rows_not_multiple_of_4(tiny_gguf, tmp_path):
                    (type(e)(e.name, (256, 192), e.encoding, e.nbytes, True)
                     if e.name.endswith(("attn_output.weight",)) else
                     (type(e)(e.name, (192, 256), e.encoding, e.nbytes, True)
-                     if e.name.endswith("attn_q.weight") else e)) for e in m.entries]
+                     if e.name.endswith("attn_q.weight") else
+                     # the sub-norm scales o_proj's input: heads x head size values
+                     (type(e)(e.name, (192,), e.encoding, e.nbytes, e.ternary)
+                      if e.name.endswith("attn_sub_norm.weight") else e)))
+                   for e in m.entries]
         with pytest.raises(ShapeError, match="6 output rows: the packed form needs a multiple"):
             write_hf(variant(m, metadata=meta, entries=entries), tmp_path / "x")
 

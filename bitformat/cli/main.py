@@ -59,14 +59,18 @@ def _friendly_errors(fn):
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            interrupts.exiting(130)
+            signalled = interrupts.exiting(130)
             # convert, synth and report (its plot) write their output only once complete
             done = ": nothing was written" if fn.__name__ in ("convert", "synth", "report") else ""
             click.echo(f"interrupted{done}", err=True)
+            if signalled:
+                interrupts.end_process(130)
             sys.exit(130)
         except Terminated:
-            interrupts.exiting(143)
+            signalled = interrupts.exiting(143)
             click.echo("terminated: no unfinished output was left", err=True)
+            if signalled:
+                interrupts.end_process(143)
             sys.exit(143)
         except Exception as exc:  # a bug: one line, the traceback only when asked for
             if _debug():

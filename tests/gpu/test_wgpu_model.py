@@ -304,5 +304,5 @@ def test_without_subgroups_the_model_runs_op_by_op(tiny_gguf, adapter, monkeypat
     monkeypatch.setattr(D.GpuDevice, "_probe_subgroup",
                         lambda self: setattr(self, "subgroups", False) or 0)
     with load(tiny_gguf, backend="wgpu") as m:
-        assert not m.backend.dev.subgroups and type(m.net).__name__ == "BitNet"
+        assert not m.backend.dev.subgroups and type(m.net).__name__ == "Transformer"
         assert m.generate(PROMPT, max_new_tokens=6, stop_ids=[]).tokens == want
