@@ -5,7 +5,7 @@ on the backend, given a fixed prompt (:data:`PROMPT_IDS`) and one untimed warm-u
 and then ``tokens`` greedy decode steps are timed. Per token and per kernel class it reports
 the bytes read, the milliseconds and the effective GB/s; per container the totals and decode
 tokens/s. The same steps then run again with the screened LM head (``screened``: the same
-tokens, its head bytes and time; :mod:`.runtime.exact_head`), on cpu and on wgpu.
+tokens, its head bytes and time; :mod:`.runtime.head`), on cpu and on wgpu.
 
 Bytes are what a step reads (every class reads its tensors once per token, as
 :class:`~.runtime.loader.LoadedModel` counts them): the container's own bytes, except where the
@@ -92,7 +92,7 @@ class ContainerBench:
     tokens: list[int] = field(default_factory=list)  # the greedy tokens of the timed steps
     detail: dict[str, Any] | None = None  # wgpu: the raw profile (its own per-kind bytes)
     decode: str = ""  # rans: "load" or "fused" (see the module docstring)
-    #: the same steps with the screened head (:mod:`.runtime.exact_head`): tokens_per_s,
+    #: the same steps with the screened head (:mod:`.runtime.head`): tokens_per_s,
     #: ms_per_token, head_ms, head_bytes and bytes_per_token per step, candidates (mean, max)
     #: and whether its tokens equal the full head's
     screened: dict[str, Any] | None = None

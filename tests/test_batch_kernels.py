@@ -114,7 +114,7 @@ def test_screen_amx_equals_screen_vnni(vocab, width):
 
 @pytest.mark.parametrize("vocab,width", [(37, 256), (300, 640), (261, 128)])
 def test_screen_amx7_equals_screen_vbmi7(vocab, width):
-    from bitformat.runtime import exact_head as EH
+    from bitformat.runtime import head as EH
     from bitformat.runtime.cpu import amx
     from bitformat.runtime.cpu.kernels import host_features
     from bitformat.runtime.cpu.screen import block_maxima, screen_vbmi7

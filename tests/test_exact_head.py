@@ -1,4 +1,4 @@
-"""The screened LM head (runtime/exact_head.py, cpu/screen.py): the same tokens as the full head.
+"""The screened LM head (runtime/head.py, cpu/screen.py): the same tokens as the full head.
 
 Every ``Head(..., check=True)`` below also computes the full logits on every step, asserts that
 each row's logit lies inside its bounds and that the token is the full head's choice."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bitformat.constants import GGMLType
-from bitformat.runtime import exact_head as EH
-from bitformat.runtime.exact_head import Head
+from bitformat.runtime import head as EH
+from bitformat.runtime.head import Head
 from bitformat.runtime.sampling import Sampler, SamplingParams
 
 SAMPLINGS = {

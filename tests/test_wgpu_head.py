@@ -14,8 +14,8 @@ from backends import runtime_backends
 from test_exact_head import SAMPLINGS, adversarial_head, run_steps
 
 from bitformat.constants import GGMLType
-from bitformat.runtime import exact_head as EH
-from bitformat.runtime.exact_head import Head
+from bitformat.runtime import head as EH
+from bitformat.runtime.head import Head
 from bitformat.runtime.sampling import Sampler, SamplingParams
 
 

@@ -57,7 +57,7 @@ def self_cpu() -> float:
 
 def worker(path: str, threads: int) -> None:
     from bitformat.runtime import load
-    from bitformat.runtime.exact_head import Head
+    from bitformat.runtime.head import Head
 
     t0 = time.perf_counter()
     m = load(path, backend="cpu", threads=threads)  # the screened head, as `bitformat run`

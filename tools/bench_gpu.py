@@ -40,7 +40,7 @@ def cpu_busy() -> tuple[int, int]:
 
 
 def rounds(m, n_tokens: int, n_rounds: int, head: str) -> dict:
-    from bitformat.runtime.exact_head import Head
+    from bitformat.runtime.head import Head
 
     m.net.head = Head(m.backend, head)
     tps, toks, host = [], [], []
@@ -65,7 +65,7 @@ def measure(m, a) -> dict:
     if not a.no_screened:
         out["screened"] = rounds(m, a.tokens, a.rounds, "screened")
         out["screened"]["same_as_full"] = out["screened"]["tokens"] == out["full"]["tokens"]
-    from bitformat.runtime.exact_head import Head
+    from bitformat.runtime.head import Head
 
     m.net.head = Head(m.backend, "full")
     if a.prefill:

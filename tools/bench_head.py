@@ -57,7 +57,7 @@ def main() -> None:
     from bench_runtime import read_bandwidth
 
     import bitformat
-    from bitformat.runtime.exact_head import Head
+    from bitformat.runtime.head import Head
 
     path = (ROOT / a.model) if not Path(a.model).is_absolute() else Path(a.model)
     t0 = time.perf_counter()

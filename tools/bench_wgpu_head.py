@@ -69,8 +69,8 @@ def main() -> None:
     from bench_head import cpu_jiffies
 
     import bitformat
-    from bitformat.runtime import exact_head as EH
-    from bitformat.runtime.exact_head import Head
+    from bitformat.runtime import head as EH
+    from bitformat.runtime.head import Head
     from bitformat.runtime.models.base import Segment
     from bitformat.runtime.sampling import Sampler
 

@@ -295,14 +295,14 @@ class Backend(ABC):
     head_itemsize: int = 2
     #: bytes one full head pass reads, where not vocab * dim * head_itemsize
     head_nbytes: int | None = None
-    #: why the screened head cannot run here (None: it can), see :class:`.exact_head.Head`
+    #: why the screened head cannot run here (None: it can), see :class:`.head.Head`
     no_screen: str | None = None
     #: ``screen_tables() -> ScreenTables``: the screened head's tables
-    #: (:mod:`.exact_head`), with ``head_bounds`` and ``head_rows`` beside it
+    #: (:mod:`.head`), with ``head_bounds`` and ``head_rows`` beside it
     screen_tables: Callable[[], Any] | None = None
     #: ``pick_full(h, samplers) -> ids``: the full head's tokens chosen on the device
     pick_full: Callable[..., list[int]] | None = None
-    #: the screen's input split, compiled (:func:`.exact_head.split_hidden`'s arithmetic)
+    #: the screen's input split, compiled (:func:`.head.split_hidden`'s arithmetic)
     split_hidden: Callable[..., Any] | None = None
     #: ``greedy_candidates(lo, hi)``: the greedy candidate rows of the last bounds, compiled
     greedy_candidates: Callable[..., Any] | None = None
@@ -321,7 +321,7 @@ class Backend(ABC):
         self.model = model
         self.dtype = np.dtype(dtype).type
         self.i2s_variant = i2s_variant
-        #: why the screened head cannot run here (None: it can), see :class:`.exact_head.Head`
+        #: why the screened head cannot run here (None: it can), see :class:`.head.Head`
         self.no_screen: str | None = None
         self.embed_type, raw = model.plain("token_embd.weight")
         self.vocab, self.dim = model.entry("token_embd.weight").shape

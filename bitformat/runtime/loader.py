@@ -20,7 +20,6 @@ from ..errors import BitformatError, MetadataError, RequestError
 from ..io.model import Model
 from ..validate import model_args, validate_model
 from .backend import Backend
-from .exact_head import HEAD_MODES, Head
 from .generate import (
     GenerationResponse,
     GenerationResult,
@@ -28,6 +27,7 @@ from .generate import (
     collect,
     stream_generate,
 )
+from .head import HEAD_MODES, Head
 from .models import ModelArgs, Segment, model_class
 from .models.base import check_kv_type
 from .sampling import Sampler
@@ -107,7 +107,7 @@ class LoadedModel:
 
     @property
     def head(self) -> Head:
-        """The LM head the model chooses tokens with (:class:`.exact_head.Head`)."""
+        """The LM head the model chooses tokens with (:class:`.head.Head`)."""
         return self.net.head
 
     def head_stats(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import numpy as np
 from ..constants import GGMLType
 from ..io.model import Model
 from ..ternary import TernaryTensor
-from . import exact_head as EH
+from . import head as EH
 from .backend import Backend, QuantizedActivations, TernarySource, ternary_source
 
 ROW_BLOCK_VALUES = 1 << 20  # trits decoded at a time
@@ -89,7 +89,7 @@ class NumpyBackend(Backend):
     def _head_block(self, h: np.ndarray, v0: int) -> np.ndarray:
         return h @ self.head_weights(np.arange(v0, min(self.vocab, v0 + HEAD_BLOCK))).T
 
-    # -- the screened head's reference (exact_head.py) -------------------------------------------
+    # -- the screened head's reference (runtime/head.py) -------------------------------------------
     head_itemsize = 2  # what the bytes count: an f16 head
 
     def screen_tables(self) -> EH.ScreenTables:

@@ -31,7 +31,7 @@ from ...formats import get_format
 from ...io.mapping import file_mapping
 from ...io.model import Model
 from ...ternary import TernaryTensor
-from .. import exact_head as EH
+from .. import head as EH
 from ..backend import (
     ROW_FORMATS,
     Backend,
@@ -665,7 +665,7 @@ class CpuBackend(Backend):
         else:
             self._call(H.lm_head_bf16, nbytes, E, x, out)
 
-    # -- the screened head (exact_head.py) --------------------------------------------------------
+    # -- the screened head (runtime/head.py) ------------------------------------------------
     @property
     def head_itemsize(self) -> int:
         return self._E.itemsize if self._E is not None else 4
@@ -763,7 +763,7 @@ class CpuBackend(Backend):
         return lo, hi
 
     def greedy_candidates(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """:meth:`.exact_head.Head._greedy_candidates` for float32 logits from the block maxima
+        """:meth:`.head.Head._greedy_candidates` for float32 logits from the block maxima
         of the last :meth:`head_bounds` (:func:`.screen.greedy_candidates`: the same rows), or
         None for bounds it did not compute."""
         last = self._bmax

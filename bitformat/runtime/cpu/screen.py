@@ -8,7 +8,7 @@ the screen reads only the codes' high 7 bits ``h = floor(c / 2)`` (stored ``h + 
 to 7 bytes, unpacked in registers by vpermb + vpmultishiftqb: :func:`screen_vbmi7`), 1/8 fewer
 bytes per step for a bound about twice as wide, and screens its candidates again with the int8
 codes from the bit plane of their low bits (:func:`refine_vbmi7`). Per step, a hidden state ``x``
-becomes two int8 vectors ``q1 + q2 / 254 ~ x s`` (:func:`..exact_head.split_hidden`), so the
+becomes two int8 vectors ``q1 + q2 / 254 ~ x s`` (:func:`..head.split_hidden`), so the
 screen's integer sums are exact and its only errors are the two quantizations, which the bound
 covers through Cauchy-Schwarz. :func:`screen_vnni` (AVX512-VNNI: one code load, two vpdpbusd per 64
 values and token), :func:`screen_avx2` (two vpmaddwd per 16 values and token) and
@@ -28,7 +28,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..exact_head import FINE, REL
+from ..head import FINE, REL
 from .kernels import L2, _avx2_functions, _I16x16, _I32x8, _load64, _prefetch, _vnni_functions
 from .rans import _prefetch_rows
 
@@ -77,7 +77,7 @@ def _quantize_row(e, v, qmax, codes, scale, dnorm, qnorm, enorm, bad):
 
 @njit(inline="always")
 def _pack7(u, out):
-    """Eight stored int7 codes to seven bytes (:func:`..exact_head.pack7`)."""
+    """Eight stored int7 codes to seven bytes (:func:`..head.pack7`)."""
     for j in range(u.size // 8):
         w = np.uint64(0)
         for m in range(8):
@@ -91,7 +91,7 @@ def _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, f
     """Row v quantized into ``codes[v]``: int8 codes, or for ``bits`` 7 the int8 codes c split
     into ``h = floor(c / 2)`` (stored h + 64, packed) and the bit plane ``b = c - 2 h``
     (``plane[v]``), with the norms of both: ``(d / 2)(4 h + 1)`` into scale, dnorm, qnorm,
-    the int8 codes' into fdn, fqn (:meth:`..exact_head.ScreenTables.build`)."""
+    the int8 codes' into fdn, fqn (:meth:`..head.ScreenTables.build`)."""
     if bits == 8:
         _quantize_row(e, v, 127, codes[v], scale, dnorm, qnorm, enorm, bad)
         return
@@ -174,10 +174,10 @@ def quantize_f32(E, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bit
 
 
 def quantize_rows(E, lut, dim: int, bits: int = 8) -> tuple:
-    """The pieces of :meth:`..exact_head.ScreenTables.build` for head rows ``E`` (uint16 bits
+    """The pieces of :meth:`..head.ScreenTables.build` for head rows ``E`` (uint16 bits
     valued by ``lut``, or float32): ``(codes, scale, dnorm, qnorm, enorm, bad, fine)``, with
     ``fine`` = (bit plane, int8 dnorm, int8 qnorm) for ``bits`` 7, else None."""
-    from ..exact_head import code_buffer, padded, row_bytes
+    from ..head import code_buffer, padded, row_bytes
 
     V = E.shape[0]
     codes = code_buffer(V, row_bytes(dim, bits))
@@ -195,7 +195,7 @@ def quantize_rows(E, lut, dim: int, bits: int = 8) -> tuple:
 
 @njit(cache=True, nogil=True)
 def split_hidden(x, xq, par):
-    """:func:`..exact_head.split_hidden` compiled: x (float32 or float64 [dim]) into ``xq``
+    """:func:`..head.split_hidden` compiled: x (float32 or float64 [dim]) into ``xq``
     int8 [2, width] and ``par`` float64 [6], the same arithmetic per value (its two norms
     summed in another order, which their slack covers)."""
     n = x.size
@@ -222,7 +222,7 @@ def split_hidden(x, xq, par):
     for k in range(n, xq.shape[1]):
         xq[0, k] = 0
         xq[1, k] = 0
-    rel = (n + 8) * 2.0 ** -52 + REL  # exact_head.norm_slack(n)
+    rel = (n + 8) * 2.0 ** -52 + REL  # runtime.head.norm_slack(n)
     par[0] = 1.0 / (FINE * s)
     par[1] = math.sqrt(nx) * (1 + rel)
     par[2] = math.sqrt(ndx) * (1 + rel) + math.sqrt(n) * m * 2.0 ** -48
@@ -239,7 +239,7 @@ _SHIFT7 = [7 * (j % 8) for j in range(64)]
 
 def _unpack7(builder, wptr, off):
     """<64 x i8>: the 64 stored int7 codes packed in the 56 bytes at ``wptr + off`` (it loads 64:
-    :func:`..exact_head.code_buffer`). AVX512-VBMI: vpermb, vpmultishiftqb, one and."""
+    :func:`..head.code_buffer`). AVX512-VBMI: vpermb, vpmultishiftqb, one and."""
     raw = _load64(builder, wptr, off)
     g = builder.shuffle_vector(raw, ir.Constant(_I8x64, None),
                                ir.Constant(ir.VectorType(ir.IntType(32), 64), _GATHER7))
@@ -369,7 +369,7 @@ def block_maxima(V: int, T: int) -> np.ndarray:
 def screen_vnni(W, XQ, scale, A, N, par, lo, hi, bmax):
     """Bounds ``lo[t, v] <= l[t, v] <= hi[t, v]`` for every row v of the int8 codes ``W``
     (uint8 [V, width], ``c + 128``) and every token t of ``XQ`` int8 [T, 2, width]
-    (``exact_head.split_hidden``), and their maxima per block of ``SCREEN_BLOCK`` rows into
+    (``runtime.head.split_hidden``), and their maxima per block of ``SCREEN_BLOCK`` rows into
     ``bmax`` (:func:`block_maxima`), which lets :func:`greedy_candidates` skip the blocks that
     hold no candidate."""
     V, width = W.shape
@@ -388,7 +388,7 @@ def screen_vnni(W, XQ, scale, A, N, par, lo, hi, bmax):
 @njit(parallel=True, cache=True, nogil=True)
 def screen_vbmi7(W, XQ, scale, A, N, par, lo, hi, bmax, sums):
     """:func:`screen_vnni` for int7 codes (uint8 [V, 7 / 8 width], ``h + 64`` packed by
-    :func:`..exact_head.pack7`; needs AVX512-VBMI): 1/8 fewer bytes. Also keeps each row's
+    :func:`..head.pack7`; needs AVX512-VBMI): 1/8 fewer bytes. Also keeps each row's
     integer sums in ``sums`` int32 [T, V, 2] for :func:`refine_vbmi7`."""
     V, nbytes = W.shape
     T = XQ.shape[0]
@@ -513,7 +513,7 @@ def screen_portable(W, XQ, scale, A, N, par, lo, hi, bmax):
 
 @njit(cache=True, nogil=True)
 def greedy_candidates(lo, hi, bmax):
-    """:meth:`..exact_head.Head._greedy_candidates` of float64 bounds ``lo``, ``hi`` [T, V]
+    """:meth:`..head.Head._greedy_candidates` of float64 bounds ``lo``, ``hi`` [T, V]
     (float32 logits: no rounding) and their block maxima (a screen's ``bmax``): the rows,
     ascending, whose upper bound reaches some token's largest lower bound. Only the blocks
     whose largest upper bound reaches it are read."""

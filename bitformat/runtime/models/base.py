@@ -15,7 +15,7 @@ from ...constants import KV_TYPES
 from ...errors import MetadataError, RequestError, UnsupportedConversionError
 from ...families import ARCHITECTURES, BITNET_2B4T, Family, family_of, hf_family
 from ..backend import Backend, QuantizedActivations, quantize_activations, relu2_glu, rms_norm
-from ..exact_head import Head
+from ..head import Head
 
 #: When set, every activation quantization of every model goes through it, in numpy:
 #: ``activation_hook(x) -> QuantizedActivations`` with ``x`` what is quantized [T, n] (the
@@ -263,7 +263,7 @@ class Transformer:
     def __init__(self, args: ModelArgs, backend: Backend, *,
                  progress: Callable[[int, int], None] | None = None, head: str = "full"):
         """``progress(layer, n_layers)`` is called as each layer's weights are ready; ``head``:
-        "full" or "screened" (:mod:`..exact_head`: the same tokens from fewer bytes)."""
+        "full" or "screened" (:mod:`..head`: the same tokens from fewer bytes)."""
         self.args, self.be = args, backend
         self.head = Head(backend, head)
         self.graph = graph = args.family.graph

@@ -631,7 +631,7 @@ class WgpuBackend(Backend):
                                                 np.float32).copy()))
         return out
 
-    # -- the screened head (exact_head.py, head.py) ------------------------------------------------
+    # -- the screened head (runtime/head.py, head.py) ---------------------------------------
     @property
     def head_itemsize(self) -> int:
         return self.head.row_bytes // self.dim

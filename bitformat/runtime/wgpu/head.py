@@ -5,11 +5,11 @@ At load (on first use) the head's rows become the same int8 codes as on the cpu 
 that each fit one storage binding. Per step and token:
 
 1. the host splits the hidden state ``x`` (the f32 bits the full head reads) into two int8
-   vectors (:meth:`..exact_head.ScreenTables.prepare`) and writes them (2 bytes per value);
+   vectors (:meth:`..head.ScreenTables.prepare`) and writes them (2 bytes per value);
 2. ``screen.wgsl`` computes every row's exact integer sums ``D1 = c . q1`` and ``D2 = c . q2``
    (``dot4I8Packed``, int32: no rounding at all), 8 bytes per row come back;
-3. the host turns them into float64 bounds (:func:`..exact_head.bounds_from_sums`) and
-   :class:`..exact_head.Head` picks the candidates;
+3. the host turns them into float64 bounds (:func:`..head.bounds_from_sums`) and
+   :class:`..head.Head` picks the candidates;
 4. ``lm_head_rows_step.wgsl`` (``lm_head_rows.wgsl`` on a device without subgroups) computes
    the candidates' logits on the device with the full head kernel's own per-row code
    (``lm_head_row.wgsl`` + ``lm_head_lanes.wgsl``), 4 bytes per candidate back.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...constants import GGMLType
-from .. import exact_head as EH
+from .. import head as EH
 from .device import UNIFORM_WORDS, Dispatch, GpuDevice
 
 WG = 64

@@ -44,7 +44,7 @@ import numpy as np
 
 from ...errors import RequestError, UnsupportedConversionError
 from ...graph import NotLowerable, decoder_shape
-from ..exact_head import Head
+from ..head import Head
 from ..models.base import ModelArgs
 from ..sampling import Sampler
 from .backend import GpuMatrix, WgpuBackend, fused_subs
@@ -148,7 +148,7 @@ class WgpuBitNet:
         except NotLowerable as e:
             raise UnsupportedConversionError(f"the {a.family.id} layer does not lower onto the "
                                              f"wgpu network's kernels: {e}") from None
-        self.head = Head(backend, head)  # how decode chooses tokens (exact_head.py)
+        self.head = Head(backend, head)  # how decode chooses tokens (runtime/head.py)
         self._progress = progress  # (layer, n_layers) as each layer's weights are uploaded
         self.max_len = int(min(context or backend.context or a.context_length,
                                a.context_length))
@@ -661,7 +661,7 @@ class WgpuBitNet:
         cache).
 
         The screened head (``head.mode``, docs/exact-head.md) reads the final hidden state
-        back and chooses with :class:`..exact_head.Head` (the int8 screen and the candidate
+        back and chooses with :class:`..head.Head` (the int8 screen and the candidate
         rows run on the device). The full head runs on the device in the step's command
         buffer: greedy choices without a repetition penalty take the argmax on the GPU (4
         bytes back, the next step already in flight: :meth:`greedy`), others read the logits."""

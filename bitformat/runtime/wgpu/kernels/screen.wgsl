@@ -10,7 +10,7 @@
 //
 // dot4I8Packed is an exact int32 dot product of four signed bytes; |D| <= 127 * 127 * width
 // < 2^31 for widths up to 16384 * 8, so every sum is exact in any order. The host turns the
-// sums into bounds in float64 (exact_head.bounds_from_sums).
+// sums into bounds in float64 (runtime/head.py: bounds_from_sums).
 
 override ROWS: u32;
 override W4: u32;
