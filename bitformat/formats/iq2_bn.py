@@ -24,7 +24,7 @@ from ..constants import GGML_BLOCK_LAYOUT, ROW_META_BYTES, FileType, GGMLType
 from ..errors import InvalidScaleError, InvalidTritError, ShapeError
 from ..ternary import TernaryTensor
 from .base import TernaryFormat, _round_scales_f16
-from .tq2_0 import first_code3
+from .tq2_0 import find_code3
 
 QK = 64
 QS_BYTES = GGML_BLOCK_LAYOUT[GGMLType.IQ2_BN][1]  # 16
@@ -100,11 +100,9 @@ class IQ2BN(RowScaled):
     def decode(self, raw: np.ndarray, rows: int, cols: int, *, scale: float | None = None,
                path: str | None = None, name: str | None = None) -> TernaryTensor:
         d, qs = self.split_rows(raw, rows, cols, path, name)
-        at = first_code3(qs)
-        if at is not None:
-            r, k = divmod(at, qs.shape[1])
-            byte = int(qs[r, k])
-            g = next(g for g in range(4) if (byte >> 2 * g) & 3 == 3)
+        bad = find_code3(qs)
+        if bad is not None:
+            r, k, byte, g = bad
             blk, m = divmod(k, QS_BYTES)
             raise InvalidTritError(f"code 3 (not a trit) at row {r}, column "
                                    f"{blk * QK + 16 * g + m} (block {blk}, byte {m} = "

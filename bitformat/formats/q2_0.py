@@ -21,7 +21,7 @@ import numpy as np
 from ..constants import GGML_BLOCK_LAYOUT, FileType, GGMLType
 from ..errors import InvalidTritError
 from .base import F16BlockFormat
-from .tq2_0 import first_code3
+from .tq2_0 import find_code3
 
 QK = 64  # values per block
 QS_BYTES = QK // 4  # 16
@@ -60,11 +60,9 @@ class Q20(F16BlockFormat):
 
     def unpack(self, qs: np.ndarray, per_row: int, path: str | None,
                name: str | None) -> np.ndarray:
-        at = first_code3(qs)
-        if at is not None:
-            b, k = divmod(at, QS_BYTES)
-            byte = int(qs[b, k])
-            g = next(g for g in range(4) if (byte >> 2 * g) & 3 == 3)
+        bad = find_code3(qs)
+        if bad is not None:
+            b, k, byte, g = bad
             r, blk = divmod(b, per_row)
             raise InvalidTritError(f"code 3 (the value 2d, not a trit) at row {r}, column "
                                    f"{blk * QK + 4 * k + g} (block {blk}, byte {k} = "

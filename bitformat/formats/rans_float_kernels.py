@@ -10,8 +10,9 @@ The exponent becomes a symbol (its rank among the exponents that occur) and is r
 value; the low ``z`` bits, zero for almost every value, are kept only for values of "wide"
 exponents (a plane of their own) and for the exceptions (index and bits). Every stream is
 one constriction ``DefaultAnsCoder`` stream (:mod:`bitformat.codecs.rans_kernels`: 64-bit state,
-32-bit words, 24-bit precision, frequencies multiples of 2^12); the coder steps are imported
-from there, so the coder is defined in one place.
+32-bit words, 24-bit precision, frequencies multiples of 2^12); the encoder's steps are
+imported from there and the one-lookup decode step from :mod:`bitformat.codecs.rans_decode`,
+so the coder is defined in one place.
 
 Stream s holds values ``s*n .. min(N, s*n + n) - 1`` in flat (row-major) order, each coded with
 the table of its row's class. Importing this module imports numba; :mod:`.rans_float` loads
@@ -23,12 +24,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ..codecs.rans_decode import _step
 from ..codecs.rans_kernels import _flush, _init_state, _push
 
 _U = np.uint64
-_MASK = _U((1 << 24) - 1)
-_BIG = _U(1 << 32)
-_LOW = _U((1 << 12) - 1)
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 HIST_CHUNKS = 16  # partial histograms summed at the end (one per chunk of the input)
 
@@ -167,23 +166,6 @@ def encode_streams(v, n, s0, cols, shift, emask, rank, cls, freqs, cdfs, scratch
     for j in prange(counts.shape[0]):
         _enc_stream(j, s0 + j, v, n, cols, shift, emask, rank, cls, freqs, cdfs, scratch,
                     cap_off, counts)
-
-
-@njit(inline="always")
-def _step(state, pos, lo, words, dec):
-    """One decode step without a branch: (symbol, state, pos).
-
-    ``dec[slot] = sym | f_u << 8 | (slot - cdf_u) << 20`` (frequencies and cumulatives are
-    multiples of 2^12) gives the whole step with one lookup. The next word is always loaded
-    and kept only when the state needs it; at a stream's first word the load reads the word
-    before it (``words`` is the whole tensor, whose streams come after its header).
-    """
-    q = state & _MASK
-    e = _U(dec[q >> _U(12)])
-    state = (((state >> _U(24)) * ((e >> _U(8)) & _LOW) + (e >> _U(20))) << _U(12)) | (q & _LOW)
-    more = (state < _BIG) & (pos > lo)
-    wider = (state << _U(32)) | _U(words[np.uintp(pos - 1)])
-    return np.uintp(e & _U(0xFF)), (wider if more else state), pos - np.intp(more)
 
 
 @njit(inline="always")

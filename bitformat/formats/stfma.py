@@ -26,7 +26,7 @@ from ..constants import GGMLType
 from ..errors import InvalidScaleError, InvalidTritError, MetadataError, ShapeError
 from ..ternary import TernaryTensor
 from .base import TernaryFormat
-from .tq2_0 import first_code3
+from .tq2_0 import find_code3
 
 GROUP = 16  # trits per u32 word
 
@@ -103,11 +103,9 @@ class WordRowFormat(TernaryFormat):
         if raw.size != rows * nw * 4:
             raise ShapeError(f"a {rows}x{cols} {fid} tensor takes {rows * nw * 4} bytes, "
                              f"got {raw.size}", path=path, tensor=name)
-        at = first_code3(raw)
-        if at is not None:
-            byte = int(raw.reshape(-1)[at])
-            i = next(i for i in range(4) if (byte >> 2 * i) & 3 == 3)
-            r, k = divmod(at, nw * 4)
+        bad = find_code3(raw.reshape(rows, nw * 4))
+        if bad is not None:
+            r, k, byte, i = bad
             raise InvalidTritError(f"code 3 (not a trit) at row {r}, column {4 * k + i} "
                                    f"(word {k // 4}, bits {8 * (k % 4) + 2 * i}.."
                                    f"{8 * (k % 4) + 2 * i + 1})", path=path, tensor=name)

@@ -56,6 +56,17 @@ def first_code3(packed: np.ndarray) -> int | None:
     return int(np.flatnonzero(hit.reshape(-1))[0])
 
 
+def find_code3(packed: np.ndarray) -> tuple[int, int, int, int] | None:
+    """Where the first code 0b11 of ``packed`` [n, k] bytes is: ``(row, byte, value, pair)``
+    (the pair at bits ``2 pair``), or None; what each format's error names it by."""
+    at = first_code3(packed)
+    if at is None:
+        return None
+    r, k = divmod(at, packed.shape[-1])
+    byte = int(packed[r, k])
+    return r, k, byte, next(g for g in range(4) if (byte >> 2 * g) & 3 == 3)
+
+
 class TQ20(F16BlockFormat):
     format_id = "tq2_0"
     storage_type = GGMLType.TQ2_0
@@ -73,11 +84,9 @@ class TQ20(F16BlockFormat):
 
     def unpack(self, qs: np.ndarray, per_row: int, path: str | None,
                name: str | None) -> np.ndarray:
-        at = first_code3(qs)
-        if at is not None:
-            b, k = divmod(at, QS_BYTES)
-            byte = int(qs[b, k])
-            g = next(g for g in range(4) if (byte >> 2 * g) & 3 == 3)
+        bad = find_code3(qs)
+        if bad is not None:
+            b, k, byte, g = bad
             j = (k // 32) * 128 + g * 32 + k % 32
             r, blk = divmod(b, per_row)
             raise InvalidTritError(f"code 3 (not a trit) at row {r}, column {blk * QK + j} "

@@ -7,9 +7,9 @@ their sibling files (decode.py inlines amx.py's tile loops and kernels.py's dots
 change to one file (a ``git pull``, an edit in a working tree) a cached kernel of another can
 keep the old code: at best stale speed, at worst instructions the new code no longer guards
 (an AMX kernel compiled before it required GFNI ran on a check that had changed: "Illegal
-instruction"). :func:`check` keeps a digest of every source file of this package and of
-``codecs/`` beside the cache and, when it differs, removes both folders' cached kernels once,
-so they recompile.
+instruction"). :func:`check` keeps a digest of every source file of this package, of
+``codecs/`` and of ``formats/`` (whose kernels inline the codecs' rANS step) beside the cache
+and, when it differs, removes the three folders' cached kernels once, so they recompile.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 #: the codecs' kernels, which the cpu backend's inline (the rANS decode step and stream start)
 CODECS = HERE.parents[1] / "codecs"
+#: the formats' kernels (rans_float), which inline the codecs' decode step
+FORMATS = HERE.parents[1] / "formats"
 #: the folders kept consistent together: the first holds the digest
-FOLDERS = (HERE, CODECS)
+FOLDERS = (HERE, CODECS, FORMATS)
 STAMP = "bitformat-kernel-sources.sha256"
 
 
