@@ -62,4 +62,4 @@ def test_wheel_metadata(wheel):
     assert meta["License-Expression"] == "MIT"
     assert meta["Requires-Python"] == ">=3.10"
     entry = wheel.read(meta_name.replace("METADATA", "entry_points.txt")).decode()
-    assert "bitformat = bitformat.cli.main:main" in entry
+    assert "bitformat = bitformat.cli:main" in entry
