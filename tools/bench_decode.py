@@ -117,9 +117,7 @@ class BitformatRunner:
         be, net = self.m.backend, self.m.net
         n = be._head_raw.nbytes + net.norm.nbytes  # the LM head: output.weight or tied
         for blk in net.blocks:
-            n += sum(v.nbytes for v in (blk.attn_norm, blk.attn_sub_norm, blk.ffn_norm,
-                                        blk.ffn_sub_norm, blk.q_norm, blk.k_norm)
-                     if v is not None)
+            n += sum(v.nbytes for v in blk.vectors.values())  # the layer's norm gains
             for w in blk.proj.values():
                 n += w.data.nbytes + np.asarray(w.scale).nbytes
         return n
