@@ -2,7 +2,7 @@
 
 Each class also inherits the builtin a caller would naturally catch (``ValueError`` for bad
 data, ``OSError`` for I/O problems), so library users need not import this module to handle
-errors. ``cli.py`` is the one place that turns these into messages and exit codes.
+errors. ``cli/main.py`` is the one place that turns these into messages and exit codes.
 """
 
 from __future__ import annotations

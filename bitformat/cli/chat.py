@@ -1,7 +1,7 @@
 """``bitformat chat``'s loop: read a line, run a command or send it, stream the answer.
 
 :func:`chat_loop` takes its input and output streams, so tests drive it with
-``io.StringIO``; the command (``cli.py``) passes stdin, stdout and stderr.
+``io.StringIO``; the command (``cli/main.py``) passes stdin, stdout and stderr.
 """
 
 from __future__ import annotations

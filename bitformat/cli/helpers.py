@@ -1,4 +1,4 @@
-"""What the commands show while they work, and checks of their options (used by ``cli.py``).
+"""What the commands show while they work, and checks of their options (used by ``main.py``).
 
 Everything here writes to stderr, so a command's stdout stays its result (text or JSON).
 """
