@@ -174,6 +174,22 @@ def test_a_layer_the_fused_kernels_lack_runs_op_by_op_or_is_refused_by_name(toy_
             load(path, backend="wgpu")
 
 
+def test_the_toy_family_converts_losslessly_but_has_no_hf_layout(toy_paths, tmp_path):
+    """Every GGUF container takes a registered family's file as it is (the same trits back);
+    the Hugging Face export refuses one without a Hugging Face layout, by name, writing
+    nothing."""
+    from bitformat.container import convert
+
+    src = toy_paths[TOY.id]
+    convert(src, tmp_path / "toy.tq1_0.gguf", "tq1_0")
+    convert(tmp_path / "toy.tq1_0.gguf", tmp_path / "back.gguf", "i2_s")
+    assert (tmp_path / "back.gguf").read_bytes() == src.read_bytes()
+    with pytest.raises(UnsupportedConversionError, match="toy-ternary family has no Hugging "
+                                                         "Face layout"):
+        convert(src, tmp_path / "hf", "hf")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_a_graph_reads_only_what_it_wrote():
     with pytest.raises(ValueError, match="reads y before"):
         Graph((Step("add", ("h", "y"), ("h",)),))

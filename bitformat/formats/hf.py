@@ -304,6 +304,12 @@ def _check_exportable(model, arch: str) -> Hyper:
     except UnsupportedConversionError as e:
         raise UnsupportedConversionError(f"{e}; the hf export takes every family bitformat "
                                          "runs", path=model.path) from None
+    missing = sorted(set(fam.block_tensors()) - set(fam.hf_blocks.values()))
+    if not fam.hf_architecture or missing:
+        raise UnsupportedConversionError(
+            f"the {fam.id} family has no Hugging Face layout"
+            + (f" for {', '.join(missing)}" if fam.hf_architecture else "")
+            + "; convert it to a GGUF container instead", path=model.path)
     names = {e.name: e for e in model.entries}
     if "token_embd.weight" not in names:
         raise FormatError("missing tensor token_embd.weight", path=model.path)
