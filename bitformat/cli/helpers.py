@@ -160,7 +160,7 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
     (or read from numba's cache) before anything is timed, saying so when they compile."""
     from ..guide import is_synthetic, synthetic_note
     from ..runtime import load
-    from ..runtime.warmup import finish_helper, on_compile, start_helper
+    from ..runtime.warmup import finish_helper, on_compile, start_helper, wait_for_layers
 
     notice = CompileNotice(" (not counted in the speeds reported)")
     # a cold kernel cache: a second process compiles the layer kernels meanwhile
@@ -180,13 +180,20 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
                 click.echo(synthetic_note(str(file)), err=True)
             try:
                 with on_compile(notice, notice.done):
-                    if helper is not None:  # the screened head here, the layers there
+                    if helper is None:
+                        model.warmup()
+                    else:  # the screened head here, the layers there
                         model.prepare_head()
-                        finish_helper(helper)
-                    model.warmup()  # on an empty cache the helper compiled the layers
+                        wait_for_layers(helper)
+                        # on an empty cache the helper compiled the layers; it compiles the
+                        # long-context attention while this one generates
+                        model.warmup(parts=("prompt", "step"))
             finally:
                 notice.close()
             yield model
+            if helper is not None:  # let it finish filling the kernel cache
+                finish_helper(helper)
+                helper = None
     finally:
         if helper is not None and helper.poll() is None:  # interrupted: the helper goes too
             helper.kill()

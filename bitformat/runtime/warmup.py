@@ -177,7 +177,8 @@ def warm_up_all(backend: str = "cpu",
     return sorted(steps + theirs, key=lambda s: order.index(s.what))
 
 
-__all__ = ["WarmupStep", "finish_helper", "on_compile", "start_helper", "warm_up_all"]
+__all__ = ["LAYERS_READY", "WarmupStep", "finish_helper", "on_compile", "start_helper",
+           "wait_for_layers", "warm_up_all"]
 
 
 # -- a second process compiling beside the first (a cold kernel cache) ---------------------------
@@ -228,7 +229,7 @@ def start_helper(path: str | os.PathLike, backend: str) -> subprocess.Popen | No
     cmd = [sys.executable, "-m", "bitformat.runtime.warmup", preset, container,
            "q2_0" if q2 else "f16"]
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL)
     except OSError:
         return None
@@ -238,8 +239,39 @@ def start_helper(path: str | os.PathLike, backend: str) -> subprocess.Popen | No
     return proc
 
 
+#: what the helper prints once the kernels a first output needs are in the cache (the long-
+#: context attention follows, at a lower priority)
+LAYERS_READY = b"layers compiled"
+
+
+def wait_for_layers(helper: subprocess.Popen | None, timeout: float = 600) -> None:
+    """Wait until the helper has compiled the kernels of a prompt and a decode step (its
+    line :data:`LAYERS_READY`), or has ended, or ``timeout`` seconds passed; the helper goes
+    on with the long-context attention, which the run does not need before its first token
+    (one-token attention runs on one thread, with the same bits, until that kernel is
+    there: :attr:`.cpu.backend.CpuBackend.split_attention`)."""
+    if helper is None or helper.stdout is None:
+        return
+    import select
+
+    end = time.monotonic() + timeout
+    fd = helper.stdout.fileno()
+    seen = b""
+    while LAYERS_READY not in seen:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            return
+        chunk = os.read(fd, 256)
+        if not chunk:  # the helper ended (done, or failed: this process compiles the rest)
+            return
+        seen = (seen + chunk)[-256:]
+
+
 def finish_helper(helper: subprocess.Popen | None, timeout: float = 600) -> None:
-    """Wait for the helper (ending it if it takes longer than ``timeout``)."""
+    """Wait for the helper to end (ending it if it takes longer than ``timeout``)."""
     if helper is None:
         return
     from ..interrupts import CHILDREN
@@ -273,7 +305,17 @@ def _helper_main(preset: str, container: str, embedding: str) -> None:
             except Exception:  # a container the tiny model cannot take: i2_s's kernels then
                 pass
         with load(path, backend="cpu", head="full") as m:
-            m.warmup()
+            m.warmup(parts=("prompt", "step"))
+            sys.stdout.buffer.write(LAYERS_READY + b"\n")  # the first process may go on
+            sys.stdout.flush()
+            null = os.open(os.devnull, os.O_WRONLY)  # no one reads the pipe from here on
+            os.dup2(null, 1)
+            os.close(null)
+            try:  # the rest at a lower priority: the first process is generating by now
+                os.nice(10)
+            except OSError:
+                pass
+            m.warmup(parts=("long",))
 
 
 if __name__ == "__main__":
