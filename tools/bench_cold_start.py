@@ -206,8 +206,12 @@ def section(res: dict, a) -> str:
               "first loads the file and compiles the screened head (`runtime/warmup.py`, "
               "`start_helper`; `BITFORMAT_COMPILE_HELPER=0` turns it off): the two cores "
               "compile at once, and the kernels reach the first process through numba's cache "
-              "on disk. `bitformat warmup` runs the rANS variants in a second process while "
-              "the first runs the others. Targets (issue 25): first output of `run` on 2B-4T "
+              "on disk. The helper says when the kernels of a prompt and a decode step are "
+              "cached; the first process then generates while the helper compiles the "
+              "long-context attention at a lower priority (one-token attention runs on one "
+              "thread, with the same bits, until then), and the command waits for it at its "
+              "end, so 'total' includes it. `bitformat warmup` runs the rANS variants in a "
+              "second process while the first runs the others. Targets (issue 25): first output of `run` on 2B-4T "
               "within 30 s, `warmup` within 90 s. The slowest functions the first `run` "
               "compiled itself: " +
               ", ".join(f"{n} {own:.1f} s" for n, (inc, own) in funcs) + "."]
