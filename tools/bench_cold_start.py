@@ -212,8 +212,8 @@ def section(res: dict, a) -> str:
               "thread, with the same bits, until then), and the command waits for it at its "
               "end, so 'total' includes it. `bitformat warmup` runs the rANS variants in a "
               "second process while the first runs the others. Targets (issue 25): first "
-              "output of `run` on 2B-4T within 30 s, `warmup` within 90 s. The slowest functions the first `run` "
-              "compiled itself: " +
+              "output of `run` on 2B-4T within 30 s, `warmup` within 90 s. The slowest "
+              "functions the first `run` compiled itself: " +
               ", ".join(f"{n} {own:.1f} s" for n, (inc, own) in funcs) + "."]
     return "\n".join(lines) + "\n"
 
