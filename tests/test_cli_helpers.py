@@ -193,3 +193,34 @@ def test_warmup_runs_every_variant_in_two_processes():
     assert r.exit_code == 0, r.output
     assert "kernels ready: all were already in numba's cache" in r.output
     assert "rans (fused decode)" in r.output and "Traceback" not in r.output
+
+
+def test_waiting_for_the_helpers_layers_does_not_wait_for_the_rest():
+    """wait_for_layers returns at the helper's line while the helper goes on, at its end if
+    it never says it (a failed helper: this process compiles the rest), and at the timeout."""
+    import subprocess
+    import sys
+    import time
+
+    from bitformat.runtime.warmup import LAYERS_READY, wait_for_layers
+
+    def helper(code: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+
+    says = helper("import sys, time; sys.stdout.write('compiling\\n'); sys.stdout.flush(); "
+                  f"time.sleep(0.3); sys.stdout.write({LAYERS_READY.decode()!r} + '\\n'); "
+                  "sys.stdout.flush(); time.sleep(30)")
+    t0 = time.monotonic()
+    wait_for_layers(says, timeout=20)
+    assert time.monotonic() - t0 < 10 and says.poll() is None  # returned, helper still going
+    says.kill()
+    says.wait()
+    fails = helper("import sys; sys.exit(3)")
+    wait_for_layers(fails, timeout=20)
+    assert fails.wait(5) == 3
+    silent = helper("import time; time.sleep(30)")
+    t0 = time.monotonic()
+    wait_for_layers(silent, timeout=0.5)
+    assert time.monotonic() - t0 < 5 and silent.poll() is None
+    silent.kill()
+    silent.wait()
