@@ -297,7 +297,8 @@ class CpuBackend(Backend):
 
     def _decoded_rans(self, name: str) -> CpuWeight:
         """A rans matrix decoded once into stfma rows in the arena (``decode="load"``,
-        :func:`.rans_rows.decode_matrix`: every check, the CRC-32 when validating)."""
+        :func:`bitformat.codecs.rans_rows.decode_matrix`: every check, the CRC-32 when
+        validating)."""
         rows, cols = self.model.entry(name).shape
         data, scale = RR.decode_matrix(self.model, name,
                                        self._arena.take((rows, RR.stfma_row_bytes(cols))),

@@ -1,5 +1,6 @@
 """``rans`` matrices on the cpu backend decoded inside the mat-vec (``decode="fused"``; the
-default, ``decode="load"``, decodes them once into stfma rows: :mod:`.rans_rows`).
+default, ``decode="load"``, decodes them once into stfma rows:
+:mod:`bitformat.codecs.rans_rows`).
 
 A rans tensor (docs/formats/rans.md) stays what the container holds: its u32 words, memory-
 mapped. :func:`rans_weight` parses the header once into small index arrays (stream offsets,
