@@ -18,7 +18,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 from .errors import Terminated
 
@@ -63,34 +62,14 @@ def handled() -> bool:
     return ev is not None
 
 
-#: seconds an exit after a handled signal may take (interpreter shutdown: atexit handlers,
-#: joins of worker threads) before the process ends anyway
-EXIT_GRACE = 5.0
-
-
-def exiting(code: int) -> bool:
-    """The interrupt was handled and the command now exits with ``code``: disarm the
-    watchdog, and end the process with ``code`` should the interpreter's shutdown not finish
-    in :data:`EXIT_GRACE` seconds (a worker thread it waits for: one killed conversion in a
-    full test run under load took over a minute). Without a signal (an exception raised
-    in-process) only the first. True when a signal was handled."""
-    if not handled():
-        return False
-
-    def finish() -> None:
-        time.sleep(EXIT_GRACE)
-        os._exit(code)
-
-    threading.Thread(target=finish, daemon=True, name="bitformat-exit-watchdog").start()
-    return True
-
-
 def end_process(code: int) -> None:
-    """End a command that a signal stopped, once its output is cleaned up and its one line
-    said: flush and leave without the interpreter's shutdown. A shutdown while numba's
-    compiler was interrupted mid-function crashed now and then (SIGSEGV instead of 143 in a
-    full test run); nothing is left for it to do (the atomic writers have removed their
-    temporaries, and numba writes each cached kernel whole when it is compiled)."""
+    """End a command that a signal stopped (:func:`handled` said so), once its output is
+    cleaned up and its one line said: flush and leave without the interpreter's shutdown.
+    That shutdown could wait for a worker thread that never ends (one killed conversion in a
+    full test run under load took over a minute), and while numba's compiler was interrupted
+    mid-function it crashed now and then (SIGSEGV instead of 143 in a full test run);
+    nothing is left for it to do (the atomic writers have removed their temporaries, and
+    numba writes each cached kernel whole when it is compiled)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -146,4 +125,4 @@ def restore(previous: dict[int, object] | None) -> None:
             pass
 
 
-__all__ = ["EXIT_GRACE", "GRACE", "exiting", "handled", "install", "restore"]
+__all__ = ["GRACE", "end_process", "handled", "install", "restore"]

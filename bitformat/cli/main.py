@@ -59,7 +59,7 @@ def _friendly_errors(fn):
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            signalled = interrupts.exiting(130)
+            signalled = interrupts.handled()
             # convert, synth and report (its plot) write their output only once complete
             done = ": nothing was written" if fn.__name__ in ("convert", "synth", "report") else ""
             click.echo(f"interrupted{done}", err=True)
@@ -67,7 +67,7 @@ def _friendly_errors(fn):
                 interrupts.end_process(130)
             sys.exit(130)
         except Terminated:
-            signalled = interrupts.exiting(143)
+            signalled = interrupts.handled()
             click.echo("terminated: no unfinished output was left", err=True)
             if signalled:
                 interrupts.end_process(143)
