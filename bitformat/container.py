@@ -24,6 +24,7 @@ import numpy as np
 
 from .constants import GGML_BLOCK_LAYOUT, ForeignType, GGMLType, ValueType
 from .errors import FormatError, MetadataError, ShapeError, UnsupportedConversionError
+from .families import PROJECTIONS
 from .formats import FORMAT_IDS, get_format, rans_float
 from .formats.base import TernaryFormat
 from .io.atomic import check_not_source
@@ -40,8 +41,7 @@ NATIVE_TYPES = {GGMLType.I2_S: "i2_s", GGMLType.TQ2_0: "tq2_0", GGMLType.TQ1_0: 
                 GGMLType.Q2_0: "q2_0", GGMLType.IQ2_BN: "iq2_bn", GGMLType.IQ1_BN: "iq1_bn"}
 
 #: GGUF names of the seven ternary projections of a BitNet block.
-TERNARY_NAME = re.compile(
-    r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+TERNARY_NAME = re.compile(rf"^blk\.\d+\.({'|'.join(PROJECTIONS)})\.weight$")
 
 
 def open_model(path: str | os.PathLike, *, i2s_variant: str = "x86") -> Model:

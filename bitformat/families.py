@@ -117,6 +117,10 @@ QWEN3 = Family(
     {**_NORMS, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
      **_ATTN, **_FFN})
 
+#: the seven ternary projections of a block, in the order a layer runs them (every family
+#: bitformat ships has them: the GGUF names inside ``blk.N``)
+PROJECTIONS = BITNET_2B4T.graph.projections()
+
 #: every family bitformat runs, by id (:func:`register` adds one)
 FAMILIES: dict[str, Family] = {f.id: f for f in (BITNET_2B4T, BITNET_1BITLLM, LLAMA, QWEN3)}
 #: every GGUF architecture bitformat runs (kept up to date by :func:`register`)
@@ -196,5 +200,5 @@ def hf_family(cfg: Mapping[str, Any]) -> Family:
 
 
 __all__ = ["ACTIVATIONS", "ARCHITECTURES", "BITNET_1BITLLM", "BITNET_2B4T", "FAMILIES", "LLAMA",
-           "QWEN3", "Family", "activation_of", "family_of", "hf_family", "register",
+           "PROJECTIONS", "QWEN3", "Family", "activation_of", "family_of", "hf_family", "register",
            "unregister"]

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..constants import ValueType
 from ..errors import FormatError, MetadataError, UnsupportedConversionError
-from ..families import BITNET_1BITLLM, BITNET_2B4T, Family, hf_family
+from ..families import BITNET_1BITLLM, BITNET_2B4T, PROJECTIONS, Family, hf_family
 from ..graph import block_shapes
 from ..io.gguf import ARRAY_DTYPE, MetaValue, pack_value, sanitize
 from ..io.safetensors import FLOAT_DTYPES
@@ -51,7 +51,6 @@ DROPPED = ("general.file_type", "general.alignment")  # the GGUF writer regenera
 #: HF module path inside a block -> GGUF tensor name inside ``blk.N`` (BitNet 2B-4T's; each
 #: family has its own table, :attr:`~bitformat.families.Family.hf_blocks`).
 BLOCK_NAMES = dict(BITNET_2B4T.hf_blocks)
-PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 HF_NAME = re.compile(r"^(?:model\.layers\.(0|[1-9]\d*)\.)?(.+)\.(weight|weight_scale)$")
 IGNORED = re.compile(r"^model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")

@@ -7,7 +7,6 @@ from __future__ import annotations
 from .base import (
     ARCHITECTURES,
     INPUT_GROUPS,
-    PROJECTIONS,
     KVCache,
     ModelArgs,
     Rows,
@@ -22,5 +21,5 @@ def model_class(args: ModelArgs) -> type[Transformer]:
     return Transformer
 
 
-__all__ = ["ARCHITECTURES", "INPUT_GROUPS", "PROJECTIONS", "KVCache", "ModelArgs", "Rows",
+__all__ = ["ARCHITECTURES", "INPUT_GROUPS", "KVCache", "ModelArgs", "Rows",
            "Segment", "Transformer", "model_class"]

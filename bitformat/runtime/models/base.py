@@ -13,7 +13,13 @@ import numpy as np
 
 from ...constants import KV_TYPES
 from ...errors import MetadataError, RequestError, UnsupportedConversionError
-from ...families import ARCHITECTURES, BITNET_2B4T, Family, family_of, hf_family
+from ...families import (
+    ARCHITECTURES,
+    BITNET_2B4T,
+    Family,
+    family_of,
+    hf_family,
+)
 from ..backend import Backend, QuantizedActivations, quantize_activations, relu2_glu, rms_norm
 from ..head import Head
 
@@ -218,9 +224,9 @@ class Rows:
 
 
 # -- the decoder every family shares ----------------------------------------------------------
-PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 #: projections that read the same activations (a backend may run each group as one matrix)
-INPUT_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+INPUT_GROUPS = tuple(s.weights for s in BITNET_2B4T.graph.steps
+                     if s.op == "linear" and len(s.weights) > 1)
 
 
 def silu_glu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
