@@ -228,9 +228,12 @@ class Worker:
     """Parent side of one worker process."""
 
     def __init__(self, label: str, kind: str, path: Path, threads: int | None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, script: Path | None = None):
+        """``script``: another tree's copy of this file (which then imports that tree's
+        ``bitformat``: tools/bench_revisions.py); by default this one."""
         self.label, self.kind, self.path, self.threads = label, kind, path, threads
-        cmd = [sys.executable, __file__, "--worker", kind, "--path", str(path)]
+        script = Path(script or __file__)
+        cmd = [sys.executable, str(script), "--worker", kind, "--path", str(path)]
         if threads:
             cmd += ["--threads", str(threads)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

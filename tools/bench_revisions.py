@@ -58,14 +58,8 @@ def main() -> None:
     t_start = time.perf_counter()
     try:
         for label, tree in trees:
-            w = bd.Worker.__new__(bd.Worker)
-            w.label, w.kind, w.path, w.threads = label, "bitformat", model, a.threads
-            cmd = [sys.executable, str(tree / "tools" / "bench_decode.py"), "--worker",
-                   "bitformat", "--path", str(model), "--threads", str(a.threads)]
-            w.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      text=True, bufsize=1, cwd=tree)
-            w.runs, w.profile, w.peak_rss = [], None, 0
-            w.load_s = w._read()["ready"]
+            w = bd.Worker(label, "bitformat", model, a.threads,
+                          script=tree / "tools" / "bench_decode.py")
             w.ask("run", prompt, 4)  # warm-up: page cache, compilation
             workers.append(w)
             print(f"  {label} ({revision(tree)}): loaded in {w.load_s:.1f} s", flush=True)
