@@ -194,15 +194,16 @@ class GpuMatrix:
     def fused_dispatches(self, src: Any, gain: Any, y: Any, mode: int, *, norm: bool,
                          act: int = 0, eps: float = 1e-5, combine: Any = None,
                          trace: Any = None, out_scales: Sequence[float] = (1.0, 1.0, 1.0, 1.0),
-                         ys: int = 0) -> list[Dispatch]:
+                         ys: int = 0, part: str = "") -> list[Dispatch]:
         """``fused_matvec.wgsl`` over every chunk: quantize ``src`` (RMSNorm with ``gain`` if
         ``norm``; ``act(src) * combine`` first if ``combine``) in every workgroup, then
         ``y (op)= W q / s * scale`` (``mode`` 0 store, 1 add, 2 ``act(gate) * up``).
         ``out_scales``: per segment (MODE 2: gate, up) the optional ``.scale`` tensors.
         ``ys`` > 0: the batched-prefill variant (grid z = token, outputs ``ys`` floats apart;
-        the caller sets z when recording)."""
+        the caller sets z when recording). ``part`` names the step part (qkv, o, gate_up,
+        down) for part-specific tuning (:meth:`GpuDevice.fused_shape`)."""
         dev = self.dev
-        lpr, rpw = dev.fused_shape(self.encoding)
+        lpr, rpw = dev.fused_shape(self.encoding, part)
         subs = fused_subs(self.encoding, self.cols)
         out = []
         bounds = [e for e, _, _ in self.segments[:-1]]

@@ -209,6 +209,7 @@ class GpuDevice:
         self.subgroups = "subgroup" in self.device.features
         self.subgroup_size = self._probe_subgroup() if self.subgroups else 0
         self._raw = _raw_calls()
+        self._native = _native_readback()
         self.is_cpu = self.info.get("adapter_type") == "CPU"
         self.lanes = int(lanes or (1 if self.is_cpu else 16))
         if self.lanes not in (1, 2, 4, 8, 16, 32, 64):
@@ -261,10 +262,15 @@ class GpuDevice:
             return 0
         return n
 
-    def fused_shape(self, encoding: str) -> tuple[int, int]:
-        """(lanes per row, rows per workgroup) of a fused kernel for this format's rows."""
-        lpr = max(1, min(int(self.tuning.get(encoding, 32)), self.subgroup_size or 1))
-        return lpr, 256 // lpr * max(1, int(self.tuning["passes"]))
+    def fused_shape(self, encoding: str, part: str = "") -> tuple[int, int]:
+        """(lanes per row, rows per workgroup) of a fused kernel for this format's rows; a
+        tuning key ``<part>.<encoding>`` or ``<part>.passes`` (``down.i2_s=32``) overrides
+        the format's for one step part (qkv, o, gate_up, down)."""
+        t = self.tuning
+        lanes = t.get(f"{part}.{encoding}", t.get(encoding, 32)) if part else t.get(encoding, 32)
+        passes = t.get(f"{part}.passes", t["passes"]) if part else t["passes"]
+        lpr = max(1, min(int(lanes), self.subgroup_size or 1))
+        return lpr, 256 // lpr * max(1, int(passes))
 
     def head_shape(self) -> tuple[int, int]:
         """(lanes per row, rows per workgroup) of the head kernels (lm_head_step.wgsl,
@@ -377,13 +383,28 @@ class GpuDevice:
         return self.device.create_buffer(label=label, size=-(-size // 4) * 4,
                                          usage=u.MAP_READ | u.COPY_DST)
 
-    def map_read(self, staging: Any, size: int) -> bytes:
-        """Read a MAP_READ buffer that a submitted copy filled (waits for it)."""
+    def map_read(self, staging: Any, size: int, after: int = 0) -> bytes:
+        """Read a MAP_READ buffer that a submitted copy filled (waits for it).
+
+        ``after`` > 0 is the index :meth:`submit` returned for the submission that filled it:
+        then only that submission is waited for. wgpu-py's ``map_sync`` polls the device until
+        the queue is idle, so a step submitted after the one being read (the greedy step in
+        flight) had to finish too, and the GPU idled while the host recorded the next one."""
+        if after and self._native is not None:
+            return self._native.read(self, staging, size, after)
         staging.map_sync(mode=self.wgpu.MapMode.READ)
         try:
             return bytes(staging.read_mapped(0, -(-size // 4) * 4))[:size]
         finally:
             staging.unmap()
+
+    def submit(self, command_buffers: Sequence[Any]) -> int:
+        """Submit; the submission's index for :meth:`map_read` (0 where wgpu-py has no native
+        backend: then reads wait for the whole queue)."""
+        if self._native is None:  # pragma: no cover - another wgpu-py backend
+            self.queue.submit(list(command_buffers))
+            return 0
+        return self._native.submit(self.queue, command_buffers)
 
     # -- running ----------------------------------------------------------------------------------
     def encode(self, items: Iterable[Dispatch | tuple], copies: Sequence[tuple] = ()) -> Any:
@@ -534,6 +555,66 @@ def _raw_calls() -> tuple | None:
         return None
     return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
             lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+
+
+class _NativeReadback:
+    """Submission indices and buffer maps through wgpu-native's functions (the cffi library
+    wgpu-py wraps): ``wgpuQueueSubmitForIndex``, then ``wgpuDevicePoll`` waiting for that index
+    alone, a map request whose callback the next non-blocking poll fires, the mapped bytes
+    copied and the buffer unmapped."""
+
+    def __init__(self, ffi: Any, lib: Any):
+        self.ffi, self.lib = ffi, lib
+        self.done: dict[int, int] = {}
+        self.next_key = 0
+        done = self.done
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def on_map(status: int, _msg: Any, key: Any, _u2: Any) -> None:
+            done[int(ffi.cast("uintptr_t", key))] = int(status)
+
+        self.on_map = on_map  # kept alive with the device
+
+    def submit(self, queue: Any, command_buffers: Sequence[Any]) -> int:
+        cbs = [c._internal for c in command_buffers]
+        arr = self.ffi.new("WGPUCommandBuffer[]", cbs)
+        return int(self.lib.wgpuQueueSubmitForIndex(queue._internal, len(cbs), arr))
+
+    def read(self, dev: GpuDevice, staging: Any, size: int, after: int) -> bytes:
+        ffi, lib = self.ffi, self.lib
+        device, buf = dev.device._internal, staging._internal
+        nbytes = -(-size // 4) * 4
+        lib.wgpuDevicePoll(device, True, ffi.new("WGPUSubmissionIndex *", after))
+        self.next_key += 1
+        key = self.next_key
+        info = ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = self.on_map
+        info.userdata1 = ffi.cast("void *", key)
+        lib.wgpuBufferMapAsync(buf, lib.WGPUMapMode_Read, 0, nbytes, info[0])
+        for spin in range(100_000):
+            if key in self.done:
+                break
+            # the submission is done, so the first non-blocking poll should fire the callback;
+            # after many, wait for the queue as wgpu-py does
+            lib.wgpuDevicePoll(device, spin > 1000, ffi.NULL)
+        status = self.done.pop(key, None)
+        if status != lib.WGPUMapAsyncStatus_Success:
+            raise GpuError(f"could not map {staging.label or 'a staging buffer'} for reading "
+                           f"(wgpu status {status})")
+        try:
+            ptr = lib.wgpuBufferGetConstMappedRange(buf, 0, nbytes)
+            return bytes(ffi.buffer(ptr, nbytes))[:size]
+        finally:
+            lib.wgpuBufferUnmap(buf)
+
+
+def _native_readback() -> _NativeReadback | None:
+    try:
+        from wgpu.backends.wgpu_native import ffi, lib
+        return _NativeReadback(ffi, lib)
+    except Exception:  # noqa: BLE001 - another wgpu-py backend: wgpu-py's own maps
+        return None
 
 
 def require_gpu() -> bool:

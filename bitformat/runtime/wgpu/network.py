@@ -120,6 +120,7 @@ class _Pending:
     pos: int
     slot: int
     token: int | None = None  # the token it embeds (known once the previous step is read)
+    index: int = 0  # its submission (GpuDevice.submit): reading it waits for it alone
 
 
 class WgpuBitNet:
@@ -219,7 +220,8 @@ class WgpuBitNet:
         return Dispatch("norm", k, g, (1, 1, 1), 4 * n * (2 + (combine is not None)))
 
     def _project(self, mats: list[tuple[Any, Any, tuple[float, float]]], src: Any, gain: Any,
-                 mode: int, *, norm: bool, trace: Any, combine: Any = None) -> list[Dispatch]:
+                 mode: int, *, norm: bool, trace: Any, combine: Any = None, part: str = ""
+                 ) -> list[Dispatch]:
         """The dispatches of matrices that read one input: ``mats`` = (GpuMatrix or GpuRans,
         output binding, out scales) each. On a device that fuses (``dev.fused``) row matrices
         quantize their input themselves; otherwise (CPU adapters, rans matrices) one
@@ -232,7 +234,7 @@ class WgpuBitNet:
             if isinstance(m, GpuMatrix) and self.dev.fused:
                 out += m.fused_dispatches(src, gain, y, mode, norm=norm, act=act,
                                           eps=a.norm_eps, combine=combine, trace=trace,
-                                          out_scales=list(osc) * 2)
+                                          out_scales=list(osc) * 2, part=part)
             else:
                 if not block_done:
                     out.append(self._norm_block(src, gain, n, quant=True, norm=norm,
@@ -277,14 +279,14 @@ class WgpuBitNet:
                 osc = [self._out_scale(n[:-7]) for n in names]
                 L += stack.fused_dispatches(self.h, self._gain(f"{p}{sh.attn_norm}.weight"),
                                             self.qkv, 0, norm=True, eps=a.norm_eps,
-                                            trace=tr, out_scales=osc + [1.0])
+                                            trace=tr, out_scales=osc + [1.0], part="qkv")
             else:
                 offs = (0, nq, nq + kvd, nq + 2 * kvd)
                 ys = [(self.qkv, 4 * offs[j], 4 * (offs[j + 1] - offs[j])) for j in range(3)]
                 L += self._project([(be.weight(n), y, (self._out_scale(n[:-7]), 1.0))
                                     for n, y in zip(names, ys, strict=True)],
                                    self.h, self._gain(f"{p}{sh.attn_norm}.weight"), 0,
-                                   norm=True, trace=tr)
+                                   norm=True, trace=tr, part="qkv")
             mark = _label(L, mark, "qkv")
             ng = self._qk_gains(p) if sh.qk_norm else self.cs
             prog.attention.append(at + sum(map(len, prog.layers)) + len(L))
@@ -300,7 +302,7 @@ class WgpuBitNet:
             L += self._project([(be.weight(f"{p}{sh.out}.weight"), self.h,
                                  (self._out_scale(f"{p}{sh.out}"), 1.0))], self.o,
                                self._gain(f"{p}{sub}.weight") if sub else None, 1,
-                               norm=sub is not None, trace=tr)
+                               norm=sub is not None, trace=tr, part="o")
             mark = _label(L, mark, "o")
             tr = self._trace_buf(prog, i, 2, a.dim, trace)
             # the op-by-op pair kernel's epilogue is relu^2 only
@@ -311,11 +313,12 @@ class WgpuBitNet:
             gu = (self._out_scale(f"{p}{gname}"), self._out_scale(f"{p}{uname}"))
             fgain = self._gain(f"{p}{sh.ffn_norm}.weight")
             if pair is not None:
-                L += self._project([(pair, self.g, gu)], self.h, fgain, 2, norm=True, trace=tr)
+                L += self._project([(pair, self.g, gu)], self.h, fgain, 2, norm=True, trace=tr,
+                                   part="gate_up")
             else:
                 L += self._project([(be.weight(f"{p}{gname}.weight"), self.g, (gu[0], 1.0)),
                                     (be.weight(f"{p}{uname}.weight"), self.u, (gu[1], 1.0))],
-                                   self.h, fgain, 0, norm=True, trace=tr)
+                                   self.h, fgain, 0, norm=True, trace=tr, part="gate_up")
                 combine = self.u
             mark = _label(L, mark, "gate_up")
             tr = self._trace_buf(prog, i, 3, a.hidden_dim, trace)
@@ -323,7 +326,7 @@ class WgpuBitNet:
             L += self._project([(be.weight(f"{p}{sh.down}.weight"), self.h,
                                  (self._out_scale(f"{p}{sh.down}"), 1.0))], self.g,
                                self._gain(f"{p}{sub}.weight") if sub else None, 1,
-                               norm=sub is not None, trace=tr, combine=combine)
+                               norm=sub is not None, trace=tr, combine=combine, part="down")
             mark = _label(L, mark, "down")
             prog.layers.append(L)
         prog.norm = self._norm_block(self.h, self._gain("output_norm.weight"), a.dim,
@@ -402,7 +405,7 @@ class WgpuBitNet:
             names = [f"{p}{x}" for x in sh.qkv]
             for d in stacks[i].fused_dispatches(
                     self.hb, self._gain(f"{p}{sh.attn_norm}.weight"), self.qkvb, 0, norm=True,
-                    eps=a.norm_eps, ys=qkvs,
+                    eps=a.norm_eps, ys=qkvs, part="qkv",
                     out_scales=[self._out_scale(n) for n in names] + [1.0]):
                 b.items.append((d, "z"))
             ng = self._qk_gains(p) if qkn else self.cs
@@ -417,17 +420,17 @@ class WgpuBitNet:
             b.items.append((merge_d, "y"))
             for d in outs[i].fused_dispatches(
                     self.ob, self._gain(f"{p}{osub}.weight") if osub else None, self.hb,
-                    1, norm=osub is not None, act=act, eps=a.norm_eps, ys=a.dim,
+                    1, norm=osub is not None, act=act, eps=a.norm_eps, ys=a.dim, part="o",
                     out_scales=[self._out_scale(f"{p}{sh.out}")] * 4):
                 b.items.append((d, "z"))
             for d in pairs[i].fused_dispatches(
                     self.hb, self._gain(f"{p}{sh.ffn_norm}.weight"), self.gb, 2, norm=True,
-                    act=act, eps=a.norm_eps, ys=a.hidden_dim,
+                    act=act, eps=a.norm_eps, ys=a.hidden_dim, part="gate_up",
                     out_scales=tuple(self._out_scale(f"{p}{x}") for x in sh.gate_up)):
                 b.items.append((d, "z"))
             for d in downs[i].fused_dispatches(
                     self.gb, self._gain(f"{p}{dsub}.weight") if dsub else None, self.hb,
-                    1, norm=dsub is not None, act=act, eps=a.norm_eps, ys=a.dim,
+                    1, norm=dsub is not None, act=act, eps=a.norm_eps, ys=a.dim, part="down",
                     out_scales=[self._out_scale(f"{p}{sh.down}")] * 4):
                 b.items.append((d, "z"))
         return b
@@ -472,19 +475,20 @@ class WgpuBitNet:
         return seq
 
     def _submit(self, token: int | None, pos: int, *, head: bool, argmax: int,
-                copies: Sequence[tuple] = ()) -> None:
+                copies: Sequence[tuple] = ()) -> int:
         """Record and submit one step at ``pos``; ``token`` None: the state already holds it
-        (the previous step's argmax)."""
+        (the previous step's argmax). Returns the submission's index."""
         t0 = time.perf_counter()
         if token is not None:
             self.dev.write(self.state, np.array([token, pos, pos + 1, 0], np.uint32))
         cb = self.dev.encode_raw(self._seq(pos + 1, head=head, argmax=argmax), copies)
-        self.dev.queue.submit([cb])
+        index = self.dev.submit([cb])
         self.host_seconds += time.perf_counter() - t0
         self.host_steps += 1
         if self.trace:
             self.dev.wait()
             self.trace_log.append(self._read_trace())
+        return index
 
     def _read_trace(self) -> list[TraceEntry]:
         out = []
@@ -535,18 +539,19 @@ class WgpuBitNet:
         return bool(self._batch)
 
     def _prompt(self, ids: np.ndarray, cache: GpuKVCache, *, argmax: int,
-                copies: Sequence[tuple] = (), head: bool = True) -> None:
+                copies: Sequence[tuple] = (), head: bool = True) -> int:
         """Run a prompt: batched chunks of up to ``tuning["batch"]`` tokens where the network
         can (:meth:`_build_batch`), else token by token; the last position's hidden state
-        then goes through the final norm and (``head``) the head and the argmax."""
+        then goes through the final norm and (``head``) the head and the argmax. Returns the
+        last submission's index."""
         self._pending = None
         if not self._batched(ids.size):
             self._prefix(ids, cache)
-            self._submit(int(ids[-1]), cache.length + ids.size - 1, head=head, argmax=argmax,
-                         copies=copies)
-            return
+            return self._submit(int(ids[-1]), cache.length + ids.size - 1, head=head,
+                                argmax=argmax, copies=copies)
         tb, dim = self._batch.tokens, self.args.dim
         prog = self.prog
+        index = 0
         for c0 in range(0, ids.size, tb):
             t0 = time.perf_counter()
             chunk = ids[c0: c0 + tb]
@@ -563,9 +568,10 @@ class WgpuBitNet:
                     if argmax:
                         tail.append((prog.argmax_step if argmax == 2 else prog.argmax).raw)
                 parts += [tail, *copies]
-            self.dev.queue.submit([self.dev.encode_parts(parts)])
+            index = self.dev.submit([self.dev.encode_parts(parts)])
             self.host_seconds += time.perf_counter() - t0
             self.host_steps += 1
+        return index
 
     def forward(self, tokens: Sequence[int], cache: GpuKVCache, *,
                 all_logits: bool = False) -> np.ndarray:
@@ -597,16 +603,18 @@ class WgpuBitNet:
         self._ring_at = (self._ring_at + 1) % RING
         return self._ring_at
 
-    def _read_slot(self, slot: int) -> int:
-        return int(np.frombuffer(self.dev.map_read(self.ring[slot], 4), np.uint32)[0])
+    def _read_slot(self, slot: int, after: int = 0) -> int:
+        """The token id in ring slot ``slot``, once submission ``after`` is done."""
+        return int(np.frombuffer(self.dev.map_read(self.ring[slot], 4, after), np.uint32)[0])
 
     def forward_argmax(self, tokens: Sequence[int], cache: GpuKVCache) -> int:
         """Run ``tokens``; the argmax of the last logits, computed on the GPU (4 bytes back)."""
         ids = self._check(tokens, cache)
         t0 = time.perf_counter()
         slot = self._slot()
-        self._prompt(ids, cache, argmax=1, copies=[(self.result, 0, self.ring[slot], 0, 8)])
-        token = self._read_slot(slot)
+        index = self._prompt(ids, cache, argmax=1,
+                             copies=[(self.result, 0, self.ring[slot], 0, 8)])
+        token = self._read_slot(slot, index)
         cache.length += ids.size
         self.last_step_seconds = time.perf_counter() - t0
         return token
@@ -625,15 +633,15 @@ class WgpuBitNet:
             cur = pend
         else:
             cur = _Pending(cache, cache.length + ids.size - 1, self._slot())
-            self._prompt(ids, cache, argmax=2,
-                         copies=[(self.result, 0, self.ring[cur.slot], 0, 8)])
+            cur.index = self._prompt(ids, cache, argmax=2,
+                                     copies=[(self.result, 0, self.ring[cur.slot], 0, 8)])
         self._pending = None
         if cur.pos + 1 < cache.max_len:
             nxt = _Pending(cache, cur.pos + 1, self._slot())
-            self._submit(None, nxt.pos, head=True, argmax=2,
-                         copies=[(self.result, 0, self.ring[nxt.slot], 0, 8)])
+            nxt.index = self._submit(None, nxt.pos, head=True, argmax=2,
+                                     copies=[(self.result, 0, self.ring[nxt.slot], 0, 8)])
             self._pending = nxt
-        token = self._read_slot(cur.slot)
+        token = self._read_slot(cur.slot, cur.index)
         if self._pending is not None:
             self._pending.token = token
         cache.length = cur.pos + 1
