@@ -425,7 +425,7 @@ def test_attention_step(gpu, rng, n, qkn, perm):
     kcb, vcb = dev.upload(kc), dev.upload(vc)
     cs = dev.upload(np.concatenate([cos, sin], axis=1))
     state = dev.upload(np.array([0, pos, n, 0], np.uint32))
-    part, out = poisoned(dev, H * smax * (hd + 2)), poisoned(dev, H * hd + 4)
+    part, out = poisoned(dev, H * smax * (hd + 4)), poisoned(dev, H * hd + 4)
     ng = dev.upload(gains)
     dev.run([Dispatch("attention", split, dev.bind(split, qkv, kcb, vcb, cs, state, part, ng),
                       (KV, splits(n), 1)),
@@ -469,7 +469,7 @@ def test_attention_of_a_batched_prompt(gpu, rng, qkn, perm):
     kcb, vcb, ng = dev.upload(kc), dev.upload(vc), dev.upload(gains)
     cs = dev.upload(np.concatenate([cos, sin], axis=1))
     state = dev.upload(np.array([0, p0, p0 + T, 0], np.uint32))
-    part, out = poisoned(dev, T * H * smax * (hd + 2)), poisoned(dev, T * H * hd)
+    part, out = poisoned(dev, T * H * smax * (hd + 4)), poisoned(dev, T * H * hd)
     dev.run([Dispatch("attention", kvw, dev.bind(kvw, qkv, kcb, vcb, cs, state, ng), (KV, 1, T)),
              Dispatch("attention", split, dev.bind(split, qkv, kcb, vcb, cs, state, part, ng),
                       (KV, splits(p0 + T), T)),

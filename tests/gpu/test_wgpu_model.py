@@ -150,10 +150,11 @@ def test_profile(nets):
     p = net.profile(length=8, repeats=1)
     kinds = p["kinds"]
     assert {"embed", "norm", "matvec:tq2_0", "attention", "lm_head", "argmax"} <= set(kinds)
-    # q|k|v, o, gate|up and down, each normalizing its own input; attention split + merge
+    # q|k|v, o (merging attention's runs), gate|up and down, each normalizing its own input;
+    # attention split over positions
     assert kinds["matvec:tq2_0"]["dispatches"] == 4 * net.args.n_layers
-    assert kinds["attention"]["dispatches"] == 2 * net.args.n_layers
-    assert p["dispatches"] == net.dispatches_per_token == 6 * net.args.n_layers + 4
+    assert kinds["attention"]["dispatches"] == net.args.n_layers
+    assert p["dispatches"] == net.dispatches_per_token == 5 * net.args.n_layers + 4
     assert all(k["seconds"] > 0 and k["bytes"] > 0 for k in kinds.values())
     assert p["token_seconds"] > 0 and p["gpu_seconds"] > 0
     assert p["clock"] in ("gpu-timestamps", "host")
@@ -293,6 +294,26 @@ def test_long_contexts_split_attention_into_runs(nets):
     ref = Transformer(net.args, NumpyBackend(c))
     assert net.generate_greedy(prompt, 20) == list(generate_step(ref, prompt,
                                                                  max_new_tokens=20))
+
+
+def test_the_o_projection_merges_attention_runs_as_attn_merge_does(nets, gpu):
+    """The decode step's o projection merges attention's runs in its prologue (no attn_merge
+    dispatch); with ``fold=0`` the merge dispatch runs: the logits agree at every position of a
+    prompt run token by token past several runs."""
+    c, net = nets["i2_s"]
+    saved = dict(gpu.tuning)
+    gpu.tuning["fold"] = 0
+    try:
+        plain = WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu))
+    finally:
+        gpu.tuning.clear()
+        gpu.tuning.update(saved)
+    assert plain.dispatches_per_token == net.dispatches_per_token + net.args.n_layers
+    prompt = [(5 * i + 2) % net.args.vocab_size for i in range(100)]  # up to 4 runs
+    got = net.forward(prompt, net.new_cache(len(prompt)), all_logits=True)
+    want = plain.forward(prompt, plain.new_cache(len(prompt)), all_logits=True)
+    assert rel_err(got, want) < 1e-6
+    np.testing.assert_array_equal(got.argmax(axis=1), want.argmax(axis=1))
 
 
 def test_without_subgroups_the_model_runs_op_by_op(tiny_gguf, adapter, monkeypatch):

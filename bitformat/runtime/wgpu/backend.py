@@ -194,14 +194,17 @@ class GpuMatrix:
     def fused_dispatches(self, src: Any, gain: Any, y: Any, mode: int, *, norm: bool,
                          act: int = 0, eps: float = 1e-5, combine: Any = None,
                          trace: Any = None, out_scales: Sequence[float] = (1.0, 1.0, 1.0, 1.0),
-                         ys: int = 0, part: str = "") -> list[Dispatch]:
+                         ys: int = 0, part: str = "", merge: dict[str, int] | None = None
+                         ) -> list[Dispatch]:
         """``fused_matvec.wgsl`` over every chunk: quantize ``src`` (RMSNorm with ``gain`` if
         ``norm``; ``act(src) * combine`` first if ``combine``) in every workgroup, then
         ``y (op)= W q / s * scale`` (``mode`` 0 store, 1 add, 2 ``act(gate) * up``).
         ``out_scales``: per segment (MODE 2: gate, up) the optional ``.scale`` tensors.
         ``ys`` > 0: the batched-prefill variant (grid z = token, outputs ``ys`` floats apart;
         the caller sets z when recording). ``part`` names the step part (qkv, o, gate_up,
-        down) for part-specific tuning (:meth:`GpuDevice.fused_shape`)."""
+        down) for part-specific tuning (:meth:`GpuDevice.fused_shape`). ``merge``: ``src``
+        is attention's runs (attn_split.wgsl) and ``combine`` the step state; the input is
+        their merge (COMBINE = 2; the overrides HD, SMAX, SPLIT, SPAR, CMAX)."""
         dev = self.dev
         lpr, rpw = dev.fused_shape(self.encoding, part)
         subs = fused_subs(self.encoding, self.cols)
@@ -214,7 +217,8 @@ class GpuMatrix:
             oscales = [out_scales[0]]
         for c in self.chunks:
             k = dev.kernel("fused_matvec", subs, ROWS=c.rows, COLS=self.cols, MODE=mode,
-                           ACT=act, NORM=int(norm), COMBINE=int(combine is not None),
+                           ACT=act, NORM=int(norm),
+                           COMBINE=2 if merge else int(combine is not None), **(merge or {}),
                            EPS=np.float32(eps), LAYOUT=FUSED_LAYOUT[self.encoding], RPW=rpw,
                            LPR=lpr, TRACE=int(trace is not None), YS=ys,
                            **self.mats[0].constants)

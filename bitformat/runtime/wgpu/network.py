@@ -172,7 +172,7 @@ class WgpuBitNet:
         self.result = dev.buffer(16, "argmax")
         self._tb = max(1, int(dev.tuning.get("batch", 128)))  # a batched prompt's chunk
         self.state = dev.buffer(16 + 4 * self._tb, "state")
-        self.part = dev.buffer(f32 * a.n_heads * self.smax * (hd + 2), "attention runs")
+        self.part = dev.buffer(f32 * a.n_heads * self.smax * (hd + 4), "attention runs")
         self.kc = [dev.buffer(f32 * self.max_len * kvd, f"k_cache.{i}") for i in range(a.n_layers)]
         self.vc = [dev.buffer(f32 * self.max_len * kvd, f"v_cache.{i}") for i in range(a.n_layers)]
         inv_freq = 1.0 / a.rope_theta ** (np.arange(0, hd, 2) / hd)  # as the models: float64
@@ -264,7 +264,7 @@ class WgpuBitNet:
         merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=SPLIT, SPAR=SPAR,
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.part, self.state, self.o),
-                           (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 2), label="attn_merge")
+                           (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 4), label="attn_merge")
         at = len(self._embed)
         for i in range(a.n_layers):
             p = f"blk.{i}."
@@ -295,14 +295,23 @@ class WgpuBitNet:
                                        self.state, self.part, ng),
                               (a.n_kv_heads, 1, 1), 4 * (nq + 2 * kvd), 2 * 4 * kvd,
                               "attn_split"))
-            L.append(merge_d)
-            mark = len(L)
             sub = sh.attn_sub_norm
             tr = self._trace_buf(prog, i, 1, nq, trace)
-            L += self._project([(be.weight(f"{p}{sh.out}.weight"), self.h,
-                                 (self._out_scale(f"{p}{sh.out}"), 1.0))], self.o,
-                               self._gain(f"{p}{sub}.weight") if sub else None, 1,
-                               norm=sub is not None, trace=tr, part="o")
+            wo = be.weight(f"{p}{sh.out}.weight")
+            ogain = self._gain(f"{p}{sub}.weight") if sub else None
+            if self._fold_merge(wo):  # the o projection merges the runs itself
+                mark = len(L)
+                L += wo.fused_dispatches(self.part, ogain, self.h, 1, norm=sub is not None,
+                                         act=int(sh.activation == "silu"), eps=a.norm_eps,
+                                         combine=self.state, trace=tr, part="o",
+                                         out_scales=[self._out_scale(f"{p}{sh.out}")] * 4,
+                                         merge={"HD": hd, "SMAX": self.smax, "SPLIT": SPLIT,
+                                                "SPAR": SPAR, "CMAX": CMAX})
+            else:
+                L.append(merge_d)
+                mark = len(L)
+                L += self._project([(wo, self.h, (self._out_scale(f"{p}{sh.out}"), 1.0))],
+                                   self.o, ogain, 1, norm=sub is not None, trace=tr, part="o")
             mark = _label(L, mark, "o")
             tr = self._trace_buf(prog, i, 2, a.dim, trace)
             # the op-by-op pair kernel's epilogue is relu^2 only
@@ -345,6 +354,13 @@ class WgpuBitNet:
                 prog.argmax = d
         return prog
 
+    def _fold_merge(self, wo: Any) -> bool:
+        """Whether the o projection merges attention's runs in its prologue (COMBINE = 2 of
+        quant_prologue.wgsl) instead of an attn_merge dispatch before it: fused row matrices,
+        at most 128 heads; tuning ``fold=0`` keeps the merge dispatch (for comparisons)."""
+        return (self.dev.fused and isinstance(wo, GpuMatrix) and self.args.n_heads <= 128
+                and bool(self.dev.tuning.get("fold", 1)))
+
     def _gain(self, name: str) -> Any:
         cache = self.__dict__.setdefault("_gains", {})
         if name not in cache:
@@ -382,7 +398,7 @@ class WgpuBitNet:
         self.qkvb = dev.buffer(f32 * tb * qkvs, "qkv.batch")
         self.ob = dev.buffer(f32 * tb * nq, "o.batch")
         self.gb = dev.buffer(f32 * tb * a.hidden_dim, "g.batch")
-        self.partb = dev.buffer(f32 * tb * a.n_heads * self.smax * (hd + 2), "runs.batch")
+        self.partb = dev.buffer(f32 * tb * a.n_heads * self.smax * (hd + 4), "runs.batch")
         b = _Batch(tokens=tb)
         for d in be.embedding.embed_dispatches(self.state, self.hb, batch=True):
             b.items.append((d, "z"))
@@ -397,7 +413,7 @@ class WgpuBitNet:
         merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=SPLIT, SPAR=SPAR,
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.partb, self.state, self.ob),
-                           (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 2))
+                           (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 4))
         act = int(sh.activation == "silu")
         osub, dsub = sh.attn_sub_norm, sh.ffn_sub_norm
         for i in range(a.n_layers):
@@ -641,7 +657,8 @@ class WgpuBitNet:
             nxt.index = self._submit(None, nxt.pos, head=True, argmax=2,
                                      copies=[(self.result, 0, self.ring[nxt.slot], 0, 8)])
             self._pending = nxt
-        token = self._read_slot(cur.slot, cur.index)
+        # tuning wait_all=1: wait for the whole queue as wgpu-py's map does (for comparisons)
+        token = self._read_slot(cur.slot, 0 if self.dev.tuning.get("wait_all") else cur.index)
         if self._pending is not None:
             self._pending.token = token
         cache.length = cur.pos + 1

@@ -22,7 +22,9 @@
 //   2  storage, read_write  VC: array<vec4<f32>>  layer V cache [ML, KVH, HD]
 //   3  storage, read        CS: array<f32>    [ML, HD]: per position cos[HD/2] then sin[HD/2]
 //   4  storage, read        ST: array<u32>    the step state: token, pos, len (embed_step.wgsl)
-//   5  storage, read_write  PART: array<f32>  [tokens, H, SMAX, HD + 2]: m, l, o[HD]
+//   5  storage, read_write  PART: array<f32>  [tokens, H, SMAX, HD + 4]: m, l, 0, 0, o[HD]
+//                           (a split's record is whole vec4s: fused_matvec.wgsl's COMBINE = 2
+//                           reads it as vec4s)
 //   6  storage, read        NG: array<f32>    QKN = 1: q_norm gains [HD], k_norm gains [HD]
 // Overrides: H, KVH, HD (a multiple of 4, at most 64 vec4s a lane: HD <= 512), ML, INV, QKN,
 // PERM, EPS, SMAX, CMAX (the most positions of one split: S is chosen so that
@@ -218,13 +220,15 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
                                subgroupShuffleXor(a.z, o), subgroupShuffleXor(a.w, o));
             }
             if (live && p == 0u) {
-                let base = ((tok * H + g * gq + hh) * SMAX + s) * (HD + 2u);
+                let base = ((tok * H + g * gq + hh) * SMAX + s) * (HD + 4u);
                 for (var k = 0u; k < 4u; k++) {
-                    PART[base + 2u + 4u * dc + k] = a[k];
+                    PART[base + 4u + 4u * dc + k] = a[k];
                 }
                 if (dc == 0u) {
                     PART[base] = ml[hh].x;
                     PART[base + 1u] = ml[hh].y;
+                    PART[base + 2u] = 0.0;
+                    PART[base + 3u] = 0.0;
                 }
             }
         }

@@ -13,14 +13,17 @@
 // up .w); P.oscale likewise (the optional `.scale` tensors of upstream bitnet files).
 //
 // Bindings (group 0):
-//   0  storage, read        A: array<vec4<f32>>  the input x [COLS] (COMBINE = 1: gate outputs)
-//   1  storage, read        U: array<vec4<f32>>  COMBINE = 1: up outputs [COLS]; else unused
+//   0  storage, read        A: array<vec4<f32>>  the input x [COLS] (COMBINE = 1: gate outputs;
+//                           COMBINE = 2: attention's runs, quant_prologue.wgsl)
+//   1  storage, read        U: array<vec4<f32>>  COMBINE = 1: up outputs [COLS]; COMBINE = 2:
+//                           the step state; else unused
 //   2  storage, read        G: array<vec4<f32>>  RMSNorm gains [COLS] (NORM = 1)
 //   3  uniform              P: FParams
 //   4  storage, read_write  Y: array<f32>   output, rows P.bound.z .. (a chunk's first row)
 //   5  storage, read_write  T: array<u32>   TRACE = 1: the quantization (quant_prologue.wgsl)
 //   6  storage, read        W: the rows (rows_<format>.wgsl)
-// Overrides: ROWS (rows of this dispatch), COLS, MODE, ACT, NORM, COMBINE, EPS, LAYOUT (0 plain,
+// Overrides: ROWS (rows of this dispatch), COLS, MODE, ACT, NORM, COMBINE (and for 2: HD, SMAX,
+// SPLIT, SPAR, CMAX), EPS, LAYOUT (0 plain,
 // 1 slot16 activations), RPW (rows per workgroup), LPR (lanes per row, a power of two; fewer
 // if the subgroup is smaller), TRACE, and the format's own (BLK for i2_s).
 //

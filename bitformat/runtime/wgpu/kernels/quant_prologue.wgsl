@@ -5,6 +5,11 @@
 //     NORM = 1:  y = x / r * g,   r = sqrt(sum(x^2) / COLS + EPS)      (RMSNorm, gains G)
 //     NORM = 0:  y = x                                                (families without sub-norms)
 //     COMBINE = 1: x = act(A) * U first (gate and up outputs of two separate mat-vecs)
+//     COMBINE = 2: x = one layer's attention output, merged from attn_split.wgsl's runs as
+//                  attn_merge.wgsl merges them (the o projection without a merge dispatch):
+//                  A is the runs buffer read as vec4s (a run: (m, l, 0, 0), then o as HD / 4
+//                  vec4s; SMAX runs a head), U[0].z the step state's length, from which the
+//                  number of runs follows as in attn_merge.wgsl (SPLIT, SPAR, CMAX)
 //     s = 127 / max(max|y|, 1e-5),    q = clamp(round(y s), -128, 127)   (round: ties to even)
 //
 // Two passes over the input (it sits in L2, written by the previous dispatch), reading whole
@@ -31,6 +36,50 @@ var<workgroup> red: array<vec2<f32>, 64>;  // (sum, max) per subgroup (subgroups
 var<workgroup> bsum: array<atomic<i32>, NBLK>;
 var<private> abase: u32;  // first vec4 of this workgroup's input row (batched prefill: token t)
 
+override HD: u32 = 4u;  // COMBINE = 2: head size, runs a head holds, how runs are chosen
+override SMAX: u32 = 1u;
+override SPLIT: u32 = 32u;
+override SPAR: u32 = 32u;
+override CMAX: u32 = 256u;
+const MAXH: u32 = 128u;  // COMBINE = 2: heads at most (COLS / HD)
+var<workgroup> hml: array<vec2<f32>, MAXH>;  // COMBINE = 2: each head's (max m, sum l)
+var<private> nrun: u32;
+
+// COMBINE = 2: each head's maximum over its runs and sum of l exp(m - max), into hml
+fn merge_heads(li: u32) {
+    let len = bitcast<u32>(U[0].z);
+    nrun = max(min((len + SPLIT - 1u) / SPLIT, SPAR), (len + CMAX - 1u) / CMAX);
+    let rs = HD / 4u + 1u;
+    for (var h = li; h < COLS / HD; h += WGS) {
+        let b0 = h * SMAX * rs;
+        var mx = -3.4028234663852886e38;
+        for (var s = 0u; s < nrun; s++) {
+            mx = max(mx, A[b0 + s * rs].x);
+        }
+        var l = 0.0;
+        for (var s = 0u; s < nrun; s++) {
+            let b = A[b0 + s * rs];
+            l += b.y * exp(b.x - mx);
+        }
+        hml[h] = vec2<f32>(mx, l);
+    }
+    workgroupBarrier();
+}
+
+// COMBINE = 2: elements 4j .. 4j+3 of the merged attention output
+fn merged4(j: u32) -> vec4<f32> {
+    let hv = HD / 4u;
+    let rs = hv + 1u;
+    let h = j / hv;
+    let b0 = h * SMAX * rs + 1u + j % hv;
+    let m = hml[h];
+    var acc = vec4<f32>(0.0);
+    for (var s = 0u; s < nrun; s++) {
+        acc += A[b0 + s * rs] * exp(A[b0 - 1u - j % hv + s * rs].x - m.x);
+    }
+    return acc / m.y;
+}
+
 // the FFN gate's activation: relu(g)^2 (ACT 0, BitNet 2B-4T) or silu (ACT 1)
 fn act(g: f32) -> f32 {
     if (ACT == 0u) {
@@ -51,6 +100,9 @@ fn x4(j: u32) -> vec4<f32> {
     }
     if (COMBINE == 1u) {
         return act4(A[abase + j]) * U[abase + j];
+    }
+    if (COMBINE == 2u) {
+        return merged4(j);
     }
     return A[abase + j];
 }
@@ -89,6 +141,9 @@ fn quant_prologue(li: u32, wid: u32, sl: u32, sid: u32, ns: u32, sgs: u32) {
     let ub = sid * sgs + sl;
     for (var b = li; b < nblk; b += WGS) {
         atomicStore(&bsum[b], 0i);
+    }
+    if (COMBINE == 2u) {
+        merge_heads(li);
     }
     // pass 1: sum of squares and max |x g|
     var xs: array<vec4<f32>, 8>;
