@@ -217,7 +217,7 @@ def test_every_family_runs_the_fused_step(family_models, preset, gpu, monkeypatc
     try:
         args = args_of(c)
         net = WgpuBitNet(args, WgpuBackend(c, device=gpu))
-        assert net.dispatches_per_token == 6 * args.n_layers + 4
+        assert net.dispatches_per_token == 5 * args.n_layers + 4
         ref = model_class(args)(args, NumpyBackend(c))
         want = list(generate_step(ref, PROMPT, max_new_tokens=16))
         assert net.generate_greedy(PROMPT, 16) == want
@@ -314,6 +314,28 @@ def test_the_o_projection_merges_attention_runs_as_attn_merge_does(nets, gpu):
     want = plain.forward(prompt, plain.new_cache(len(prompt)), all_logits=True)
     assert rel_err(got, want) < 1e-6
     np.testing.assert_array_equal(got.argmax(axis=1), want.argmax(axis=1))
+
+
+@pytest.mark.parametrize("tuning", [{"pre": 1, "i2_s": 2}, {"pre": 3, "i2_s": 1},
+                                    {"split": 8}])
+def test_tunings_give_the_same_logits(nets, gpu, tuning):
+    """i2_s rows with fewer units loaded ahead than a lane has (the rest in the loop), other
+    lanes per row, and attention split into shorter runs: the same logits."""
+    c, net = nets["i2_s"]
+    saved = dict(gpu.tuning)
+    gpu.tuning.update(tuning)
+    try:
+        other = WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu))
+    finally:
+        gpu.tuning.clear()
+        gpu.tuning.update(saved)
+    prompt = [(3 * i + 1) % net.args.vocab_size for i in range(40)]
+    got = other.forward(prompt, other.new_cache(len(prompt)), all_logits=True)
+    want = net.forward(prompt, net.new_cache(len(prompt)), all_logits=True)
+    if "split" in tuning:
+        assert rel_err(got, want) < 1e-6
+    else:
+        np.testing.assert_array_equal(got, want)
 
 
 def test_without_subgroups_the_model_runs_op_by_op(tiny_gguf, adapter, monkeypatch):

@@ -208,6 +208,9 @@ class GpuMatrix:
         dev = self.dev
         lpr, rpw = dev.fused_shape(self.encoding, part)
         subs = fused_subs(self.encoding, self.cols)
+        if self.encoding == "i2_s":  # a lane's units loaded before the prologue (rows_i2_s)
+            units = -(-(self.cols // 64) // lpr)
+            subs["I2S_PRE"] = str(max(1, min(int(dev.tuning.get("pre", 16)), units)))
         out = []
         bounds = [e for e, _, _ in self.segments[:-1]]
         scales = [sc for _, sc, _ in self.segments]
@@ -221,6 +224,7 @@ class GpuMatrix:
                            COMBINE=2 if merge else int(combine is not None), **(merge or {}),
                            EPS=np.float32(eps), LAYOUT=FUSED_LAYOUT[self.encoding], RPW=rpw,
                            LPR=lpr, TRACE=int(trace is not None), YS=ys,
+                           **({"SKIPQ": 1} if dev.tuning.get("skipq") else {}),
                            **self.mats[0].constants)
             p = dev.uniform(fparams(scales, oscales, bounds, c.row0, c.base2, up))
             g = dev.bind(k, src, combine if combine is not None else src,

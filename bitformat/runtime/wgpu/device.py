@@ -85,7 +85,8 @@ def request_adapter() -> Any | None:
 
 
 #: text every kernel may use, substituted before compiling (a kernel's own ``subs`` win)
-DEFAULT_SUBS = {"W_BINDING": "1", "SLOT_OFF": "(QOFF + (COLS + 255u) / 256u * 64u)"}
+DEFAULT_SUBS = {"W_BINDING": "1", "SLOT_OFF": "(QOFF + (COLS + 255u) / 256u * 64u)",
+                "I2S_PRE": "2"}
 
 
 def kernel_source(stem: str, variant: str = "uniform", subs: dict[str, str] | None = None

@@ -63,9 +63,10 @@ def _label(items: list[Dispatch], mark: int, name: str) -> int:
     return len(items)
 
 
-def splits(length: int) -> int:
-    """How many runs a step attending to ``length`` positions splits them into."""
-    return max(min(-(-length // SPLIT), SPAR), -(-length // CMAX))
+def splits(length: int, split: int = SPLIT) -> int:
+    """How many runs a step attending to ``length`` positions splits them into (at least
+    ``split`` positions a run)."""
+    return max(min(-(-length // split), SPAR), -(-length // CMAX))
 
 
 class GpuKVCache:
@@ -162,7 +163,9 @@ class WgpuBitNet:
             raise UnsupportedConversionError(f"a layer's KV cache of {self.max_len} positions "
                                              "exceeds a storage binding; pass a smaller context")
         f32, nq = 4, a.n_heads * hd
-        self.smax = splits(self.max_len)
+        #: positions a run of attention takes at least (tuning ``split``, default SPLIT)
+        self.split = max(1, int(dev.tuning.get("split", SPLIT)))
+        self.smax = splits(self.max_len, self.split)
         self.h = dev.buffer(f32 * a.dim, "h")
         self.qkv = dev.buffer(f32 * (nq + 2 * kvd), "qkv")
         self.o = dev.buffer(f32 * nq, "o")
@@ -261,7 +264,7 @@ class WgpuBitNet:
                           ML=self.max_len, INV=np.float32(1.0 / np.sqrt(hd)),
                           QKN=int(sh.qk_norm is not None), PERM=perm,
                           EPS=np.float32(a.norm_eps), SMAX=self.smax, CMAX=CMAX)
-        merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=SPLIT, SPAR=SPAR,
+        merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=self.split, SPAR=SPAR,
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.part, self.state, self.o),
                            (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 4), label="attn_merge")
@@ -305,7 +308,7 @@ class WgpuBitNet:
                                          act=int(sh.activation == "silu"), eps=a.norm_eps,
                                          combine=self.state, trace=tr, part="o",
                                          out_scales=[self._out_scale(f"{p}{sh.out}")] * 4,
-                                         merge={"HD": hd, "SMAX": self.smax, "SPLIT": SPLIT,
+                                         merge={"HD": hd, "SMAX": self.smax, "SPLIT": self.split,
                                                 "SPAR": SPAR, "CMAX": CMAX})
             else:
                 L.append(merge_d)
@@ -410,7 +413,7 @@ class WgpuBitNet:
                           BATCH=1, QKVS=qkvs)
         kvw = dev.kernel("kv_write", H=a.n_heads, KVH=a.n_kv_heads, HD=hd, QKN=qkn, PERM=perm,
                          EPS=np.float32(a.norm_eps), QKVS=qkvs)
-        merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=SPLIT, SPAR=SPAR,
+        merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=self.split, SPAR=SPAR,
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.partb, self.state, self.ob),
                            (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 4))
@@ -453,7 +456,7 @@ class WgpuBitNet:
 
     def _batch_seq(self, tokens: int, end: int) -> list[tuple]:
         """The raw dispatches of a batched chunk of ``tokens`` ending at length ``end``."""
-        s = splits(end)
+        s = splits(end, self.split)
         out = []
         for d, axis in self._batch.items:
             p, g, x, y, _ = d.raw
@@ -479,7 +482,7 @@ class WgpuBitNet:
         prog = self._program()
         items = [*self._embed, *(d for L in prog.layers for d in L)]
         seq = [d.raw for d in items]
-        s = splits(length)
+        s = splits(length, self.split)
         for i in prog.attention:
             p, g, x, _, z = seq[i]
             seq[i] = (p, g, x, s, z)
@@ -740,7 +743,7 @@ class WgpuBitNet:
             prog = self.prog
             items = [*self._embed, *(d for L in prog.layers for d in L), prog.norm,
                      *prog.head, prog.argmax]
-            s = splits(length)
+            s = splits(length, self.split)
             for i in prog.attention:
                 d = items[i]
                 items[i] = Dispatch(d.kind, d.kernel, d.group, (d.grid[0], s, 1), d.nbytes,

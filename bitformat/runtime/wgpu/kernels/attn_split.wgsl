@@ -206,8 +206,24 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
             acc[hh] = vec4<f32>(0.0);
         }
         if (live) {
-            for (var j = p; j < n; j += pg) {
-                let v = VC[((j0 + j) * kvd + g * HD) / 4u + dc];
+            // four positions' values loaded together, then added in position order
+            let vb = (j0 * kvd + g * HD) / 4u + dc;
+            let vs = kvd / 4u;
+            var j = p;
+            for (; j + 3u * pg < n; j += 4u * pg) {
+                let v0 = VC[vb + j * vs];
+                let v1 = VC[vb + (j + pg) * vs];
+                let v2 = VC[vb + (j + 2u * pg) * vs];
+                let v3 = VC[vb + (j + 3u * pg) * vs];
+                for (var hh = 0u; hh < gq; hh++) {
+                    acc[hh] += sc[hh * CMAX + j] * v0;
+                    acc[hh] += sc[hh * CMAX + j + pg] * v1;
+                    acc[hh] += sc[hh * CMAX + j + 2u * pg] * v2;
+                    acc[hh] += sc[hh * CMAX + j + 3u * pg] * v3;
+                }
+            }
+            for (; j < n; j += pg) {
+                let v = VC[vb + j * vs];
                 for (var hh = 0u; hh < gq; hh++) {
                     acc[hh] += sc[hh * CMAX + j] * v;
                 }

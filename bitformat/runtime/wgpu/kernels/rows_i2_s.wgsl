@@ -50,30 +50,35 @@ fn row_dot(base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
     return f32(acc);
 }
 
-// The fused kernels load a lane's first two units before they quantize the activations
-// (row_pre), so the wait for memory overlaps that work; row_dot_pre finishes the row.
+// The fused kernels load a lane's first NPRE units of a row before they quantize the
+// activations (row_pre; I2S_PRE substituted by the host, all of a lane's units where that is
+// few), so every load is in flight while the prologue works; row_dot_pre finishes the row.
+const NPRE: u32 = I2S_PRE;
+
 struct Pre {
-    w0: vec4<u32>,
-    w1: vec4<u32>,
+    w: array<vec4<u32>, NPRE>,
 }
 
 fn row_pre(base: u32, r: u32, lane: u32, lanes: u32) -> Pre {
     let n = COLS / 64u;
     let row = base / 4u + r * n;
-    return Pre(W[row + min(lane, n - 1u)], W[row + min(lane + lanes, n - 1u)]);
+    var p: Pre;
+    for (var i = 0u; i < NPRE; i++) {
+        p.w[i] = W[row + min(lane + i * lanes, n - 1u)];
+    }
+    return p;
 }
 
 fn row_dot_pre(p: Pre, base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
     let n = COLS / 64u;
     let row = base / 4u + r * n;
     var acc = 0i;
-    if (lane < n) {
-        acc += unit_dot(p.w0, lane);
+    for (var i = 0u; i < NPRE; i++) {
+        if (lane + i * lanes < n) {
+            acc += unit_dot(p.w[i], lane + i * lanes);
+        }
     }
-    if (lane + lanes < n) {
-        acc += unit_dot(p.w1, lane + lanes);
-    }
-    var u = lane + 2u * lanes;
+    var u = lane + NPRE * lanes;
     for (; u + lanes < n; u += 2u * lanes) {
         let w0 = W[row + u];
         let w1 = W[row + u + lanes];
