@@ -208,9 +208,9 @@ class GpuMatrix:
         dev = self.dev
         lpr, rpw = dev.fused_shape(self.encoding, part)
         subs = fused_subs(self.encoding, self.cols)
-        if self.encoding == "i2_s":  # a lane's units loaded before the prologue (rows_i2_s)
+        if self.encoding == "i2_s":  # a lane's first units loaded before the prologue
             units = -(-(self.cols // 64) // lpr)
-            subs["I2S_PRE"] = str(max(1, min(int(dev.tuning.get("pre", 16)), units)))
+            subs["I2S_PRE"] = str(max(1, min(int(dev.tuning.get("pre", 2)), units)))
         out = []
         bounds = [e for e, _, _ in self.segments[:-1]]
         scales = [sc for _, sc, _ in self.segments]
