@@ -258,6 +258,31 @@ def test_batched_prompt_equals_token_by_token(nets, gpu, tiny_all):
                                                                   max_new_tokens=12))
 
 
+@pytest.mark.parametrize("tpw", [8, 3])
+def test_batched_i2s_prompt_reads_each_weight_once_per_token_group(nets, gpu, tpw):
+    """i2_s projections of a batched prompt run as mat-mats (matmat_i2_s.wgsl, ``tpw`` tokens
+    a workgroup, the last group partial) with the bits of the per-token fused mat-vecs
+    (``tpw=0``)."""
+    c, _ = nets["i2_s"]
+    saved = dict(gpu.tuning)
+    nets_by = {}
+    try:
+        for t in (tpw, 0):
+            gpu.tuning.update(batch=16, tpw=t)
+            nets_by[t] = WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu))
+            assert nets_by[t]._batched(16)  # the batch is built now, with this tuning
+    finally:
+        gpu.tuning.clear()
+        gpu.tuning.update(saved)
+    prompt = [(13 * i + 7) % nets_by[0].args.vocab_size for i in range(29)]  # 16 + 13
+    got = nets_by[tpw].forward(prompt, nets_by[tpw].new_cache(len(prompt)))
+    want = nets_by[0].forward(prompt, nets_by[0].new_cache(len(prompt)))
+    np.testing.assert_array_equal(got, want)
+    kernels = {d.kernel.stem for d, _ in nets_by[tpw]._batch.items}
+    assert "matmat_i2_s" in kernels and "matmat_i2_s" not in {
+        d.kernel.stem for d, _ in nets_by[0]._batch.items}
+
+
 def test_the_step_in_flight_is_dropped_when_the_caller_goes_elsewhere(nets):
     """greedy() submits the step after each token before returning it; a call with another
     token (a sampled one), another cache, or logits instead, must not see that step."""

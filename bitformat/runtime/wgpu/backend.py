@@ -212,12 +212,6 @@ class GpuMatrix:
             units = -(-(self.cols // 64) // lpr)
             subs["I2S_PRE"] = str(max(1, min(int(dev.tuning.get("pre", 2)), units)))
         out = []
-        bounds = [e for e, _, _ in self.segments[:-1]]
-        scales = [sc for _, sc, _ in self.segments]
-        oscales = list(out_scales[: len(self.segments)])
-        up = (self.mats[1].scale, out_scales[1]) if len(self.mats) > 1 else (1.0, 1.0)
-        if len(self.mats) > 1:
-            oscales = [out_scales[0]]
         for c in self.chunks:
             k = dev.kernel("fused_matvec", subs, ROWS=c.rows, COLS=self.cols, MODE=mode,
                            ACT=act, NORM=int(norm),
@@ -226,13 +220,55 @@ class GpuMatrix:
                            LPR=lpr, TRACE=int(trace is not None), YS=ys,
                            **({"SKIPQ": 1} if dev.tuning.get("skipq") else {}),
                            **self.mats[0].constants)
-            p = dev.uniform(fparams(scales, oscales, bounds, c.row0, c.base2, up))
+            p = self._fparams(c, out_scales)
             g = dev.bind(k, src, combine if combine is not None else src,
                          gain if gain is not None else src, p, y,
                          trace if trace is not None else dev.scratch, c.buffer)
             nbytes = c.nbytes + 4 * self.cols * (2 + (combine is not None))
             out.append(Dispatch(f"matvec:{self.encoding}", k, g,
                                 dev.grid(math.ceil(c.rows / rpw)), nbytes))
+        return out
+
+    def _fparams(self, c: Chunk, out_scales: Sequence[float]) -> Any:
+        """The FParams uniform of chunk ``c`` (fused_matvec.wgsl, matmat_i2_s.wgsl)."""
+        bounds = [e for e, _, _ in self.segments[:-1]]
+        scales = [sc for _, sc, _ in self.segments]
+        oscales = list(out_scales[: len(self.segments)])
+        up = (self.mats[1].scale, out_scales[1]) if len(self.mats) > 1 else (1.0, 1.0)
+        if len(self.mats) > 1:
+            oscales = [out_scales[0]]
+        return self.dev.uniform(fparams(scales, oscales, bounds, c.row0, c.base2, up))
+
+    def matmat_tokens(self) -> int:
+        """Tokens a workgroup of :meth:`matmat_dispatches` takes: tuning ``tpw`` (default 8,
+        0: no mat-mat kernel), as many activation blocks as workgroup memory holds; 0 where
+        the rows are not i2_s."""
+        dev = self.dev
+        if self.encoding != "i2_s" or not dev.subgroups:
+            return 0
+        block = 16 * int(fused_subs(self.encoding, self.cols)["XV4"])
+        room = int(dev.limits["max-compute-workgroup-storage-size"]) // block
+        return max(0, min(int(dev.tuning.get("tpw", 8)), room))
+
+    def matmat_dispatches(self, blocks: Any, state: Any, y: Any, mode: int, *, act: int,
+                          ys: int, out_scales: Sequence[float] = (1.0, 1.0, 1.0, 1.0),
+                          part: str = "") -> list[Dispatch]:
+        """``matmat_i2_s.wgsl`` over every chunk: a batched prompt's ``y (op)= W q / s *
+        scale`` for :meth:`matmat_tokens` tokens a workgroup, reading the activation blocks
+        ``blocks`` (norm_block.wgsl, LAYOUT 0, one per token); outputs ``ys`` floats apart.
+        The caller sets grid z (token groups) when recording."""
+        dev, tpw = self.dev, self.matmat_tokens()
+        lpr, rpw = dev.fused_shape(self.encoding, part)
+        subs = fused_subs(self.encoding, self.cols)
+        xv4 = int(subs["XV4"])
+        subs.update(W_BINDING="4", TPW_N=f"{tpw}u", TXV4=str(tpw * xv4), XBASE="xb")
+        out = []
+        for c in self.chunks:
+            k = dev.kernel("matmat_i2_s", subs, ROWS=c.rows, COLS=self.cols, MODE=mode,
+                           ACT=act, RPW=rpw, LPR=lpr, YS=ys, **self.mats[0].constants)
+            g = dev.bind(k, blocks, state, self._fparams(c, out_scales), y, c.buffer)
+            out.append(Dispatch(f"matvec:{self.encoding}", k, g,
+                                dev.grid(math.ceil(c.rows / rpw)), c.nbytes + 16 * xv4))
         return out
 
 

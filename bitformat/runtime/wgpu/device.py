@@ -58,6 +58,7 @@ BINDINGS: dict[str, tuple[str, ...]] = {
     "rans_finish": ("x", "read", "uniform", "read", "storage"),
     # the fused decode step (network.py; these need the `subgroup` feature)
     "fused_matvec": ("read", "read", "read", "uniform", "storage", "storage", "read"),
+    "matmat_i2_s": ("read", "read", "uniform", "storage", "read"),
     "norm_block": ("read", "read", "read", "storage", "storage", "storage"),
     "attn_split": ("read", "storage", "storage", "read", "read", "storage", "read"),
     "attn_merge": ("read", "read", "storage"),
@@ -86,7 +87,7 @@ def request_adapter() -> Any | None:
 
 #: text every kernel may use, substituted before compiling (a kernel's own ``subs`` win)
 DEFAULT_SUBS = {"W_BINDING": "1", "SLOT_OFF": "(QOFF + (COLS + 255u) / 256u * 64u)",
-                "I2S_PRE": "2"}
+                "I2S_PRE": "2", "XBASE": "0u"}
 
 
 def kernel_source(stem: str, variant: str = "uniform", subs: dict[str, str] | None = None
@@ -195,7 +196,8 @@ class GpuDevice:
         limits = adapter.limits
         features = [f for f in ("timestamp-query", "subgroup") if f in adapter.features]
         want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
-                                       "max-storage-buffers-per-shader-stage")}
+                                       "max-storage-buffers-per-shader-stage",
+                                       "max-compute-workgroup-storage-size")}
         self.device = adapter.request_device_sync(required_features=features,
                                                   required_limits=want)
         self.queue = self.device.queue

@@ -107,7 +107,8 @@ class _Program:
 @dataclass
 class _Batch:
     """The batched prompt's dispatches: (dispatch, axis) with axis "z" (grid z = tokens),
-    "y" (grid y = tokens: attn_merge) or "split" (attn_split: runs in y, tokens in z)."""
+    "tN" (grid z = groups of N tokens: matmat_i2_s), "y" (grid y = tokens: attn_merge) or
+    "split" (attn_split: runs in y, tokens in z)."""
 
     items: list[tuple[Dispatch, str]] = field(default_factory=list)
     tokens: int = 0  # tokens a chunk holds at most
@@ -402,6 +403,8 @@ class WgpuBitNet:
         self.ob = dev.buffer(f32 * tb * nq, "o.batch")
         self.gb = dev.buffer(f32 * tb * a.hidden_dim, "g.batch")
         self.partb = dev.buffer(f32 * tb * a.n_heads * self.smax * (hd + 4), "runs.batch")
+        widest = max(a.dim, nq, a.hidden_dim)
+        self.qb = dev.buffer(16 * tb * int(fused_subs("", widest)["XV4"]), "blocks.batch")
         b = _Batch(tokens=tb)
         for d in be.embedding.embed_dispatches(self.state, self.hb, batch=True):
             b.items.append((d, "z"))
@@ -417,16 +420,14 @@ class WgpuBitNet:
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.partb, self.state, self.ob),
                            (a.n_heads, 1, 1), 4 * a.n_heads * (hd + 4))
-        act = int(sh.activation == "silu")
         osub, dsub = sh.attn_sub_norm, sh.ffn_sub_norm
         for i in range(a.n_layers):
             p = f"blk.{i}."
             names = [f"{p}{x}" for x in sh.qkv]
-            for d in stacks[i].fused_dispatches(
-                    self.hb, self._gain(f"{p}{sh.attn_norm}.weight"), self.qkvb, 0, norm=True,
-                    eps=a.norm_eps, ys=qkvs, part="qkv",
-                    out_scales=[self._out_scale(n) for n in names] + [1.0]):
-                b.items.append((d, "z"))
+            b.items += self._batch_project(
+                stacks[i], self.hb, self._gain(f"{p}{sh.attn_norm}.weight"), self.qkvb, 0,
+                norm=True, ys=qkvs, part="qkv",
+                out_scales=[self._out_scale(n) for n in names] + [1.0])
             ng = self._qk_gains(p) if qkn else self.cs
             b.items.append((Dispatch("attention", kvw, dev.bind(kvw, self.qkvb, self.kc[i],
                                                                 self.vc[i], self.cs,
@@ -437,22 +438,43 @@ class WgpuBitNet:
                                               self.state, self.partb, ng),
                                      (a.n_kv_heads, 1, 1), 4 * qkvs, 2 * 4 * kvd), "split"))
             b.items.append((merge_d, "y"))
-            for d in outs[i].fused_dispatches(
-                    self.ob, self._gain(f"{p}{osub}.weight") if osub else None, self.hb,
-                    1, norm=osub is not None, act=act, eps=a.norm_eps, ys=a.dim, part="o",
-                    out_scales=[self._out_scale(f"{p}{sh.out}")] * 4):
-                b.items.append((d, "z"))
-            for d in pairs[i].fused_dispatches(
-                    self.hb, self._gain(f"{p}{sh.ffn_norm}.weight"), self.gb, 2, norm=True,
-                    act=act, eps=a.norm_eps, ys=a.hidden_dim, part="gate_up",
-                    out_scales=tuple(self._out_scale(f"{p}{x}") for x in sh.gate_up)):
-                b.items.append((d, "z"))
-            for d in downs[i].fused_dispatches(
-                    self.gb, self._gain(f"{p}{dsub}.weight") if dsub else None, self.hb,
-                    1, norm=dsub is not None, act=act, eps=a.norm_eps, ys=a.dim, part="down",
-                    out_scales=[self._out_scale(f"{p}{sh.down}")] * 4):
-                b.items.append((d, "z"))
+            b.items += self._batch_project(
+                outs[i], self.ob, self._gain(f"{p}{osub}.weight") if osub else None, self.hb,
+                1, norm=osub is not None, ys=a.dim, part="o",
+                out_scales=[self._out_scale(f"{p}{sh.out}")] * 4)
+            b.items += self._batch_project(
+                pairs[i], self.hb, self._gain(f"{p}{sh.ffn_norm}.weight"), self.gb, 2,
+                norm=True, ys=a.hidden_dim, part="gate_up",
+                out_scales=tuple(self._out_scale(f"{p}{x}") for x in sh.gate_up))
+            b.items += self._batch_project(
+                downs[i], self.gb, self._gain(f"{p}{dsub}.weight") if dsub else None, self.hb,
+                1, norm=dsub is not None, ys=a.dim, part="down",
+                out_scales=[self._out_scale(f"{p}{sh.down}")] * 4)
         return b
+
+    def _batch_project(self, m: GpuMatrix, src: Any, gain: Any, y: Any, mode: int, *,
+                       norm: bool, ys: int, part: str, out_scales: Sequence[float]
+                       ) -> list[tuple[Dispatch, str]]:
+        """One projection of a batched chunk: i2_s rows as one norm_block dispatch (every
+        token's activation block) and the mat-mat kernel (``matmat_i2_s.wgsl``, the weights
+        read once per :meth:`GpuMatrix.matmat_tokens` tokens); other rows as fused mat-vecs
+        with a workgroup per token. (dispatch, grid-z axis) pairs for :meth:`_batch_seq`."""
+        a, dev = self.args, self.dev
+        act = int(self.shape.activation == "silu")
+        tpw = m.matmat_tokens()
+        if not tpw:
+            return [(d, "z") for d in m.fused_dispatches(
+                src, gain, y, mode, norm=norm, act=act, eps=a.norm_eps, ys=ys, part=part,
+                out_scales=out_scales)]
+        n = m.cols
+        k = dev.kernel("norm_block", fused_subs("", n), COLS=n, QUANT=1, NORM=int(norm),
+                       COMBINE=0, ACT=act, EPS=np.float32(a.norm_eps), LAYOUT=0, TRACE=0)
+        g = dev.bind(k, src, src, gain if gain is not None else src, self.qb, dev.scratch,
+                     dev.scratch)
+        out = [(Dispatch("norm", k, g, (1, 1, 1), 4 * n * 2, label=part), "z")]
+        out += [(d, f"t{tpw}") for d in m.matmat_dispatches(
+            self.qb, self.state, y, mode, act=act, ys=ys, out_scales=out_scales, part=part)]
+        return out
 
     def _batch_seq(self, tokens: int, end: int) -> list[tuple]:
         """The raw dispatches of a batched chunk of ``tokens`` ending at length ``end``."""
@@ -462,6 +484,8 @@ class WgpuBitNet:
             p, g, x, y, _ = d.raw
             if axis == "z":
                 out.append((p, g, x, y, tokens))
+            elif axis[0] == "t":  # token groups of the mat-mat kernel
+                out.append((p, g, x, y, -(-tokens // int(axis[1:]))))
             elif axis == "y":
                 out.append((p, g, x, tokens, 1))
             else:

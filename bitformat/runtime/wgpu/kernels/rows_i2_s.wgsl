@@ -28,7 +28,7 @@ fn dot4words(w: vec4<u32>, sh: u32, xv: vec4<u32>) -> i32 {
 fn unit_dot(w: vec4<u32>, u: u32) -> i32 {
     let upb = BLK / 64u;
     let b = u / upb;
-    let x4 = (QOFF + b * (BLK / 4u)) / 4u + u % upb;  // group 0's aligned activation vec4
+    let x4 = XBASE + (QOFF + b * (BLK / 4u)) / 4u + u % upb;  // group 0's activation vec4
     return dot4words(w, 6u, X[x4]) + dot4words(w, 4u, X[x4 + upb])
         + dot4words(w, 2u, X[x4 + 2u * upb]) + dot4words(w, 0u, X[x4 + 3u * upb]);
 }
