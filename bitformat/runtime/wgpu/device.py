@@ -221,7 +221,9 @@ class GpuDevice:
         # one lane a row on CPU adapters (lavapipe streams a row per invocation best, as the
         # op-by-op kernels found; its shuffles cost more than they save)
         lpr = dict.fromkeys(FUSED_LPR, 1) if self.is_cpu else FUSED_LPR
-        self.tuning = {**lpr, "passes": 1, **_fused_tuning()}
+        # gate|up: twice the rows a workgroup (H200: 389.8 against 383.2 tok/s in one run,
+        # docs/benchmarks.md)
+        self.tuning = {**lpr, "passes": 1, "gate_up.passes": 2, **_fused_tuning()}
         #: whether the decode step's mat-vecs quantize their own input (fused_matvec.wgsl) or
         #: read the activation block one norm_block dispatch wrote (the op-by-op kernels):
         #: fused on GPUs; on CPU adapters a workgroup-memory block costs llvmpipe a gather
