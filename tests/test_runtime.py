@@ -662,3 +662,21 @@ def test_lm_head_copy_is_resident_and_equal(tiny):
         np.testing.assert_array_equal(resident_copy(raw, chunk=4096 + 17), raw)
         ids = np.array([3, 1])
         np.testing.assert_array_equal(be.embed(ids), NumpyBackend(c).embed(ids))
+
+
+def test_head_auto_is_full_on_a_gpu_and_screened_elsewhere():
+    """--head auto (the default): the full head on the wgpu backend with a real GPU, where the
+    screen's round trips to the host cost more than its bytes save; screened on the cpu and
+    numpy backends and on CPU adapters (lavapipe). Explicit modes pass through."""
+    from types import SimpleNamespace
+
+    from bitformat.runtime.loader import resolve_head
+
+    gpu = SimpleNamespace(name="wgpu", dev=SimpleNamespace(is_cpu=False))
+    lavapipe = SimpleNamespace(name="wgpu", dev=SimpleNamespace(is_cpu=True))
+    cpu = SimpleNamespace(name="cpu")
+    assert resolve_head("auto", gpu) == "full"
+    assert resolve_head("auto", lavapipe) == "screened"
+    assert resolve_head("auto", cpu) == "screened"
+    assert resolve_head("screened", gpu) == "screened"
+    assert resolve_head("full", cpu) == "full"

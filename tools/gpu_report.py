@@ -1,13 +1,18 @@
-"""The GPU section of docs/benchmarks.md, from the JSON that tools/gpu_check.sh wrote.
+"""A GPU section of docs/benchmarks.md, from the JSON that tools/gpu_check.sh wrote.
 
     python tools/gpu_report.py --run docs/data/gpu-h200/run-a --run docs/data/gpu-h200/run-b \
-        --probe docs/data/gpu-h200/probe.json --plot docs/gpu-h200-step.png --write
+        --note docs/data/gpu-h200/note-ab.md --probe docs/data/gpu-h200/probe.json \
+        --plot docs/gpu-h200-step.png --write
+    python tools/gpu_report.py --section "The wgpu decode step on a real GPU, second session \
+        (2B-4T)" --run docs/data/gpu-h200/run-c ... --run docs/data/gpu-h200/run-f \
+        --note docs/data/gpu-h200/note-cf.md --plot docs/gpu-h200-step-2.png --write
 
-Each ``--run`` folder holds ``before.json`` (the code before the fused decode step) and
-``after.json`` (``tools/bench_gpu.py`` output), measured in one run on one machine. Writes the
-section "The wgpu decode step on a real GPU (2B-4T)": decode and prompt rates of both codes and
-every tuning, the step's GPU time by part, the containers, the probe's per-dispatch costs, and
-a plot of the step's GPU time by part, before and after.
+Each ``--run`` folder holds ``after.json`` (``tools/bench_gpu.py`` output), where there was one
+``before.json`` (the code to compare against, measured in the same run on the same machine)
+and ``run.json`` ({"code": what "after" measured, "base": what "before" measured}). Writes the
+section: decode and prompt rates of both codes and every tuning, the step's GPU time by part
+(the last run with a before), the containers (the last run that measured them), the probe's
+per-dispatch costs, the note, and a plot of the step's GPU time by part, before and after.
 """
 
 from __future__ import annotations
@@ -26,14 +31,20 @@ OLD_PARTS = {"norm": "norms (121)", "matvec:i2_s": "mat-vecs (180)", "attention"
              "rope": "rope", "lm_head": "lm_head", "argmax": "argmax", "embed": "other"}
 
 
-def load(run: Path) -> tuple[dict, dict]:
-    return (json.loads((run / "before.json").read_text()),
-            json.loads((run / "after.json").read_text()))
+def load(run: Path) -> tuple[dict | None, dict, dict]:
+    """(before or None, after, run.json or {}) of a run folder."""
+    before = run / "before.json"
+    meta = run / "run.json"
+    return (json.loads(before.read_text()) if before.exists() else None,
+            json.loads((run / "after.json").read_text()),
+            json.loads(meta.read_text()) if meta.exists() else {})
 
 
-def rate_rows(name: str, before: dict, after: dict) -> list[str]:
+def rate_rows(name: str, before: dict | None, after: dict) -> list[str]:
     rows = []
     for label, res in (("before", before), ("after", after)):
+        if res is None:
+            continue
         for cfg, r in res["configs"].items():
             p = r["profile"]
             tune = "" if label == "before" else (
@@ -58,8 +69,12 @@ def rate_rows(name: str, before: dict, after: dict) -> list[str]:
     return rows
 
 
-def part_ms(r: dict, old: bool) -> dict[str, float]:
+def part_ms(r: dict, old: bool | None = None) -> dict[str, float]:
+    """GPU ms of each step part; ``old``: the op-by-op step, by kernel class (default: where
+    the profile has no part labels)."""
     p = r["profile"]
+    if old is None:
+        old = not p.get("labels")
     src = p["kinds"] if old else (p.get("labels") or p["kinds"])
     out: dict[str, float] = {}
     for k, v in src.items():
@@ -74,8 +89,8 @@ def plot(before: dict, after: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    b = part_ms(before["configs"]["default"], True)
-    a = part_ms(after["configs"]["default"], False)
+    b = part_ms(before["configs"]["default"])
+    a = part_ms(after["configs"]["default"])
     fig, ax = plt.subplots(figsize=(9, 3.2))
     colors = plt.get_cmap("tab20").colors
     for row, parts in enumerate((b, a)):
@@ -87,7 +102,8 @@ def plot(before: dict, after: dict, path: Path) -> None:
                         fontsize=7)
             left += v
         ax.text(left + 0.05, row, f"{left:.2f} ms", va="center", fontsize=8)
-    ax.set_yticks([0, 1], ["before\n364 dispatches", "after\n184 dispatches"])
+    ax.set_yticks([0, 1], [f"before\n{before.get('dispatches_per_token') or 364} dispatches",
+                           f"after\n{after.get('dispatches_per_token')} dispatches"])
     ax.invert_yaxis()
     ax.set_xlabel("GPU ms of one 2B-4T decode step (each dispatch timed in its own pass)")
     ax.set_title(f"wgpu on an {after['info']['device']} (Vulkan): "
@@ -97,82 +113,66 @@ def plot(before: dict, after: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-#: the code each run's "after" measured (its commit's subject), by run folder name
-CODE = {"run-a": "3f666a0 (batched prefill, vectorized prologue, i2_s weights loaded first)",
-        "run-b": "cce7011 (each input value loaded once, block sums by subgroup shuffles)"}
-
-
-NOTE = """What the numbers say. The issue's targets are not met yet: full-head decode reached
-304-322 tokens/s (3.5-4.1x the old code in the same runs; the target is 500), the screened
-head 107-120 (it still sends the hidden state to the host and gets integer sums back every
-step; the target is the full head's speed), and a 512-token prompt ran at 1,654 tokens/s, 5.1x
-the decode rate (the target is 10x). Where the time goes: a step is 2.2-2.5 ms of GPU time in one
-pass plus 0.8-1.2 ms of host recording, and decoding runs at 3.1-3.3 ms a token, so the step in
-flight overlaps the two only in part. The 120 fused mat-vecs take 13-21 us each against the
-0.3-1.8 us their bytes need at 4.8 TB/s: every workgroup quantizes the whole input itself (two
-dependent passes over it from L2, subgroup reductions, three barriers) before its first dot
-product, so the mat-vecs run at 126-415 GB/s. Fewer rows a workgroup (`i2_s=16`: more
-workgroups, more redundant quantizations) was slower, more rows (`i2_s=8`, `passes=2`) faster.
-attn_split takes about 18 us at 64 positions and attn_merge 7 us, most of it its pass boundary;
-the head streams at 3.3 TB/s. Next steps, for the next session with a GPU: quantize each input
-once (the producing kernel's epilogue writes per-workgroup sums of squares and maxima, the
-consumer combines a few hundred partials instead of re-reading the vector), fold attn_merge
-into the o projection at short contexts, the screened head's bounds and candidates on the device
-(its screen kernel alone takes 0.09 ms against the full head's 0.20), and prompt mat-mats that
-load each weight once for several tokens (each token's workgroups read the rows from L2 today).
-Containers: tq2_0 and tq1_0 (8 lanes a row) ran a step in 2.91 ms, stfma, colpack_u32 and rans
-decoded at load (32 lanes a row) in 3.17-3.22; the fused rANS kernels read 11 % fewer bytes a
-step than i2_s (1,051 against 1,185 MB) and took 91.6 ms, one serial table lookup per 5 trits in
-every lane: for this decoder the coded container does not win on a GPU (the Metal design's
-claim), and rans decoded at load is the default."""
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path, action="append", required=True)
+    ap.add_argument("--section", default=SECTION, help="the section's title")
+    ap.add_argument("--after", default="GPU backend on lavapipe (bytes read versus latency)",
+                    help="a new section goes after this one")
+    ap.add_argument("--first", default="A", help="letter of the first run")
+    ap.add_argument("--note", type=Path, help="markdown: what the numbers say")
     ap.add_argument("--probe", type=Path)
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
     runs = [load(r) for r in a.run]
-    names = [chr(ord("A") + i) for i in range(len(runs))]
-    b0, a0 = runs[-1]
+    names = [chr(ord(a.first) + i) for i in range(len(runs))]
+    last = max(i for i, (b, _, _) in enumerate(runs) if b is not None)
+    b0, a0, _ = runs[last]
     info = a0["info"]
-    lines = [f"## {SECTION}", "",
+    bases = sorted({m["base"] for _, _, m in runs if m.get("base")})
+    lines = [f"## {a.section}", "",
              f"Command: `tools/gpu_check.sh` on a lent machine (`tools/gpu_env.sh` installs wgpu "
-             f"and the Vulkan loader there; `.base/` holds the code before the fused step, "
-             f"commit 62176b9), then `python tools/gpu_report.py --write` from the JSON kept in "
-             f"`docs/data/gpu-h200/`. Adapter: **{info['device']}** through "
+             f"and the Vulkan loader there; `.base/` holds the code to compare against: "
+             f"{' and '.join(bases)}), then `python tools/gpu_report.py --write` from the JSON "
+             f"kept in `docs/data/gpu-h200/`. Adapter: **{info['device']}** through "
              f"{info['backend_type']}, driver {info['description']}, wgpu-py 0.32.0; host: Intel "
              f"Xeon, 16 CPUs, which run Python and wgpu's command recording. Model: "
              f"`bitformat synth --preset 2b4t` (i2_s, its f16 head a Gaussian 128,256 x 2,560 "
              f"matrix). Each run measured the old and the new code one after the other on one "
-             f"machine; the runs are two machines of this kind, a quarter of an hour apart. "
-             + "; ".join(f"run {n} measured commit {CODE.get(r.name, r.name)}"
-                         for n, r in zip(names, a.run, strict=True)) + ".", "",
+             f"machine (where it has a before); every run is a fresh machine of this kind. "
+             + "; ".join(f"run {n} measured commit {m.get('code', r.name)}"
+                         for n, r, (_, _, m) in zip(names, a.run, runs, strict=True)) + ".", "",
              "Decode: median of 3 greedy generations of 128 tokens after a 16-token prompt "
              "(rounds in brackets), tokens/s counted after the first token; screened: the same "
              "with `--head screened`; prompt: a prompt of that many tokens, the faster of 2 "
              "rounds; GPU ms a step: one decode step at position 63 recorded in one compute "
-             "pass between two timestamps (before: the sum of per-dispatch passes, in "
-             "brackets); host us a step: recording and submitting one step; CPU busy: cores "
-             "the host's processes used during the timed part (this one included). Tuning: "
-             "`i2_s=N` lanes of a subgroup per i2_s row, `passes=2` twice the rows per "
-             "workgroup, `batch=N` prompt tokens per batched chunk, `head=N` lanes per head "
-             "row (`GpuDevice.tuning`).", "",
+             "pass between two timestamps (the op-by-op code: the sum of per-dispatch passes, "
+             "in brackets); host us a step: recording and submitting one step; CPU busy: cores "
+             "the host's processes used during the timed part (this one included). Tuning "
+             "(`GpuDevice.tuning`): `i2_s=N` lanes of a subgroup per i2_s row, `passes=2` twice "
+             "the rows per workgroup, a `part.` prefix (qkv, o, gate_up, down) for one part "
+             "only, `pre=N` i2_s units a lane loads before the prologue, `split=N` positions a "
+             "run of attention takes at least, `fold=0` a separate attn_merge dispatch, "
+             "`wait_all=1` a greedy token read after the whole queue is idle (as wgpu-py's map "
+             "waits), `tpw=N` prompt tokens a mat-mat workgroup takes (0: none), `skipq=1` no "
+             "quantization at all (timing only: wrong values).", "",
              "| run | code | decode tok/s (rounds) | screened tok/s | prompt tok/s (tokens) | "
              "GPU ms a step | host us a step | dispatches | CPU busy |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for name, (b, af) in zip(names, runs, strict=True):
+    for name, (b, af, _) in zip(names, runs, strict=True):
         lines += rate_rows(name, b, af)
     fb = b0["configs"]["default"]
     fa = a0["configs"]["default"]
     ratio = fa["full"]["tok_s"] / fb["full"]["tok_s"]
-    lines += ["", f"Run {names[-1]}: {ratio:.2f}x the tokens/s of the old code in the same run "
-              f"({fa['full']['tok_s']:.1f} vs {fb['full']['tok_s']:.1f}); every round of "
-              "every configuration decoded the same tokens, and the screened head the full "
-              "head's tokens.", ""]
-    lines += ["The step by part (run " + names[-1] + ", default tuning; GPU timestamps with "
+    same = all(r["full"]["same_tokens"] and r.get("screened", {}).get("same_as_full", True)
+               for _, af, _ in runs for c, r in af["configs"].items() if "skipq" not in c)
+    lines += ["", f"Run {names[last]}: {ratio:.2f}x the tokens/s of the old code in the same "
+              f"run ({fa['full']['tok_s']:.1f} vs {fb['full']['tok_s']:.1f}); "
+              + ("every round of every configuration (skipq aside) decoded the same tokens, "
+                 "and the screened head the full head's tokens." if same else
+                 "NOT every round or configuration decoded the same tokens."), ""]
+    lines += ["The step by part (run " + names[last] + ", default tuning; GPU timestamps with "
               "each dispatch in its own compute pass, so each carries a pass boundary, about "
               "3 us here: the parts add up to more than the one-pass step). MB counts the "
               "weights and activations a part reads.", "",
@@ -180,28 +180,35 @@ def main() -> None:
     for k, v in sorted(fa["profile"]["labels"].items(), key=lambda kv: -kv[1]["ms"]):
         lines.append(f"| {k} | {v['dispatches']} | {v['ms']:.3f} | {v['mb']:.1f} | "
                      f"{v['gbps']:.0f} |")
+    old = fb["profile"].get("labels") or fb["profile"]["kinds"]
     lines += ["", "The old step, same run: " + ", ".join(
         f"{k} {v['dispatches']} x = {v['ms']:.3f} ms" for k, v in sorted(
-            fb["profile"]["kinds"].items(), key=lambda kv: -kv[1]["ms"])) + "."]
-    cont = next((af.get("containers") for _, af in runs if af.get("containers")), None)
-    if cont:
-        lines += ["", "Every container (run " + names[[bool(af.get("containers"))
-                                                       for _, af in runs].index(True)]
-                  + ", converted from the i2_s file on the machine; 2 rounds of 64 tokens; the "
-                  "step in one pass). MB a token is what the backend uploaded and a step reads "
-                  "(rans decoded at load reads stfma rows; q2_0, iq2_bn and iq1_bn are "
-                  "re-encoded at load as stfma or tq2_0 rows, so they run as those do):", "",
-                  "| container | decode tok/s | MB a token | GPU ms a step | ternary GB/s |",
-                  "|---|---|---|---|---|"]
-        for k, r in cont.items():
+            old.items(), key=lambda kv: -kv[1]["ms"])) + "."]
+    with_cont = [i for i, (_, af, _) in enumerate(runs) if af.get("containers")]
+    if with_cont:
+        ci = with_cont[-1]
+        cont = runs[ci][1]["containers"]
+        base = runs[ci][1]["configs"]["default"]
+        lines += ["", "Every container (run " + names[ci] + ", converted from the i2_s file on "
+                  "the machine; 2 rounds of 64 tokens; the step in one pass; i2_s from the "
+                  "run's default configuration, 3 rounds of 128). MB a token is what the "
+                  "backend uploaded and a step reads (rans decoded at load reads stfma rows; "
+                  "q2_0, iq2_bn and iq1_bn are re-encoded at load as stfma or tq2_0 rows, so "
+                  "they run as those do):", "",
+                  "| container | decode tok/s | MB a token | GPU ms a step | ternary GB/s | "
+                  "same tokens as i2_s |", "|---|---|---|---|---|---|"]
+        for k, r in {"i2_s": base, **cont}.items():
             p = r["profile"]
             mv = sum(v["ms"] for kk, v in p["kinds"].items()
                      if kk.startswith(("matvec", "rans")))
             mb = sum(v["mb"] for kk, v in p["kinds"].items()
                      if kk.startswith(("matvec", "rans")))
-            lines.append(f"| {k} | {r['full']['tok_s']:.1f} | "
-                         f"{r['weight_bytes_per_token'] / 1e6:,.1f} | "
-                         f"{(p.get('pass_seconds') or 0) * 1e3:.2f} | {mb / mv:.0f} |")
+            wb = r.get("weight_bytes_per_token") or p.get("weight_bytes")
+            n = len(r["full"]["tokens"])
+            agree = r["full"]["tokens"] == base["full"]["tokens"][:n]
+            lines.append(f"| {k} | {r['full']['tok_s']:.1f} | {wb / 1e6:,.1f} | "
+                         f"{(p.get('pass_seconds') or 0) * 1e3:.2f} | {mb / mv:.0f} | "
+                         f"{'yes' if agree else 'no'} |")
     if a.probe:
         pr = json.loads(a.probe.read_text())
         fl, host = pr["dispatch_floor_us"], pr["host"]
@@ -216,7 +223,8 @@ def main() -> None:
                   f"{pr.get('subgroup', {}).get('size')} lanes; the old one-workgroup "
                   f"norm took {pr['kernels']['norm 2560']['us']:.0f} us (2,560 values) and "
                   f"{pr['kernels']['norm 6912']['us']:.0f} us (6,912) in a pass of 30."]
-    lines += ["", " ".join(NOTE.split("\n"))]
+    if a.note:
+        lines += ["", a.note.read_text().strip()]
     if a.plot:
         plot(b0, a0, a.plot)
         lines += ["", f"![GPU time of one decode step by part, before and after]"
@@ -226,8 +234,7 @@ def main() -> None:
     if a.write:
         from benchdoc import DOC, replace_section
 
-        replace_section(DOC, SECTION, text, after="GPU backend on lavapipe (bytes read versus "
-                                                  "latency)")
+        replace_section(DOC, a.section, text, after=a.after)
 
 
 if __name__ == "__main__":

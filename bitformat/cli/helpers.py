@@ -154,7 +154,7 @@ class CompileNotice:
 
 @contextlib.contextmanager
 def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
-                decode: str = "load", head: str = "screened",
+                decode: str = "load", head: str = "auto",
                 kv_cache: str = "f32") -> Iterator[Any]:
     """``load`` with a bar over the layers, the synthetic-model note, and the kernels compiled
     (or read from numba's cache) before anything is timed, saying so when they compile."""

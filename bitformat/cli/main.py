@@ -355,10 +355,12 @@ def _generation_options(fn):
         click.option("--decode", type=click.Choice(["load", "fused"]), default="load",
                      show_default=True, help="rans files: decode the streams once at load into "
                      "2-bit rows (fast), or inside every mat-vec (fused: less memory, slower)."),
-        click.option("--head", type=click.Choice(["screened", "full"]), default="screened",
+        click.option("--head", type=click.Choice(["auto", "screened", "full"]), default="auto",
                      show_default=True, help="LM head: screened reads an int8 copy of the head "
                      "and recomputes only the rows it cannot rule out (the same tokens as full, "
-                     "proven in docs/exact-head.md); full computes every logit."),
+                     "proven in docs/exact-head.md); full computes every logit; auto is full on "
+                     "a GPU (wgpu on a real device, where the screen's round trips to the host "
+                     "cost more than its bytes save) and screened elsewhere."),
         KV_CACHE_OPTION,
     ]):
         fn = decorator(fn)

@@ -35,6 +35,19 @@ from .sampling import Sampler
 BACKENDS = ("numpy", "cpu", "wgpu")
 
 
+def resolve_head(head: str, backend: Backend) -> str:
+    """The head mode "auto" stands for on ``backend``: "full" on the wgpu backend with a real
+    GPU (its screen sends the hidden state to the host and the integer sums back every step,
+    which costs more than the bytes save: 79-126 against 383-404 tokens/s on an NVIDIA H200,
+    docs/benchmarks.md), "screened" elsewhere (the cpu backend, and CPU adapters such as
+    lavapipe, where the head's bytes dominate). Other modes pass through."""
+    if head != "auto":
+        return head
+    dev = getattr(backend, "dev", None)
+    return "full" if backend.name == "wgpu" and dev is not None and not dev.is_cpu \
+        else "screened"
+
+
 class LoadedModel:
     """A model on a backend, with its tokenizer (None if the file has none).
 
@@ -45,11 +58,12 @@ class LoadedModel:
     """
 
     def __init__(self, container: Model, backend: Backend, args: ModelArgs, tokenizer: Any, *,
-                 progress: Callable[[int, int], None] | None = None, head: str = "screened"):
+                 progress: Callable[[int, int], None] | None = None, head: str = "auto"):
         self.container_model = container
         self.backend = backend
         self.args = args
         self.net = None
+        head = resolve_head(head, backend)
         if backend.name == "wgpu" and backend.dev.subgroups:
             # every family's whole step on the device, one command buffer a token (a device
             # without subgroup operations runs the shared graph op by op instead)
@@ -183,7 +197,7 @@ class LoadedModel:
 def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32",
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
          decode: str = "load", progress: Callable[[int, int], None] | None = None,
-         head: str = "screened", kv_cache: str = "f32") -> LoadedModel:
+         head: str = "auto", kv_cache: str = "f32") -> LoadedModel:
     """Open a ternary model (any container, or an HF folder) of any family on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32), "numpy" (the reference; ``dtype``
@@ -196,18 +210,19 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     ``decode`` (rans containers, cpu and wgpu): "load" decodes the rANS streams once at load
     into 2-bit rows that the fastest kernels read; "fused" decodes them inside every mat-vec
     (fewer bytes held and read, several times slower). A coded LM head is decoded into f16
-    at load either way. ``head``: "screened" (the default: the full head's exact tokens from
-    an int8 screen of the head and the rows it cannot rule out, docs/exact-head.md) or "full"
-    (every logit, every step); on the wgpu backend the screen and the candidate rows run on
-    the device (the int8 copy is made and uploaded on the first screened step or warmup).
+    at load either way. ``head``: "screened" (the full head's exact tokens from an int8 screen
+    of the head and the rows it cannot rule out, docs/exact-head.md), "full" (every logit,
+    every step) or "auto" (the default, :func:`resolve_head`: full on a GPU, screened
+    elsewhere); on the wgpu backend the screen and the candidate rows run on the device (the
+    int8 copy is made and uploaded on the first screened step or warmup).
     ``kv_cache``: the KV cache's element type, "f32" (the default) or "f16" (keys and values
     rounded to float16 as they are stored: half the bytes at long contexts; numpy and cpu).
     ``LoadedModel.load_seconds`` says how long loading took.
     ``progress(layer, n_layers)`` is called as each layer's weights are ready (loading the
     2B-4T model takes seconds). Kernels compile on first use: :meth:`LoadedModel.warmup`.
     """
-    if head not in HEAD_MODES:
-        raise RequestError(f"head must be {' or '.join(HEAD_MODES)}, got {head!r:.20}")
+    if head not in ("auto", *HEAD_MODES):
+        raise RequestError(f"head must be auto, {' or '.join(HEAD_MODES)}, got {head!r:.20}")
     if decode not in ("load", "fused"):
         raise RequestError(f"decode must be load or fused, got {decode!r:.20}")
     check_kv_type(kv_cache)
