@@ -84,6 +84,13 @@ STACKABLE = (*TWO_BIT, *ROW_SCALED, "tq2_0", "tq1_0", "q2_0")
 #: padded with zeros, so the sums are the same integers).
 CHUNK_WEIGHTS = 256
 PADDED = ("i2_s", "stfma")
+#: Base-3 containers, and the 2-bit container with the same scales that the avx2 and portable
+#: builds repack them into at load: the same trits and scales, so the same bits (docs/model.md
+#: §2). Without AVX-512 a decode step is bound by arithmetic, not by the 8-9 % more bytes the
+#: 2-bit rows take, and a base-3 digit costs several instructions where a 2-bit code costs a
+#: shift and a mask (docs/benchmarks.md, "Decode of every container"). The vnni build keeps its
+#: own base-3 kernels.
+REPACK = {"tq1_0": "tq2_0", "iq1_bn": "iq2_bn"}
 
 
 @dataclass
@@ -189,7 +196,7 @@ class CpuBackend(Backend):
         self._mm2_prompt = (K.mm2_vnni_prompt if vnni else K.mm2_avx2 if avx2
                             else K.mm2_portable)
         self._tq2 = K.tq2_vnni if vnni else K.tq2_avx2 if avx2 else K.tq2_portable
-        self._tq1 = K.tq1_vnni if vnni else K.tq1_avx2 if avx2 else K.tq1_portable
+        self._tq1 = K.tq1_vnni  # the other builds repack tq1_0 (REPACK)
         self._iq2bn = K.iq2bn_avx2 if avx2 else K.iq2bn_portable
         self._q2 = K.q2_avx2 if avx2 else K.q2_portable
         # a batched decode step (2..BATCH_TOKENS rows) and the LM head of any rows: batch.py
@@ -227,10 +234,12 @@ class CpuBackend(Backend):
 
     def _arena_bytes(self) -> list[int]:
         """What each ternary matrix takes in the arena: its container bytes, or for rans
-        decoded at load its stfma rows."""
+        decoded at load its stfma rows, for a repacked base-3 matrix its 2-bit rows."""
         out = []
         for e in self.model.entries:
-            if self._pads(e):
+            if self._repacks(e):
+                out.append(get_format(self._repacks(e)).nbytes(*e.shape))
+            elif self._pads(e):
                 out.append(e.shape[0] * -(-e.shape[1] // CHUNK_WEIGHTS) * CHUNK_WEIGHTS // 4)
             elif e.encoding in ROW_FORMATS:
                 out.append(e.nbytes)
@@ -245,13 +254,22 @@ class CpuBackend(Backend):
         decoded at load), the norms."""
         total = 0
         for e in self.model.entries:
-            if e.encoding == "rans" and self.decode == "load":
+            if self._repacks(e):
+                total += get_format(self._repacks(e)).nbytes(*e.shape)
+            elif e.encoding == "rans" and self.decode == "load":
                 total += e.shape[0] * RR.stfma_row_bytes(e.shape[1])
             else:
                 total += e.plain_nbytes if not e.ternary else e.nbytes
         return total
 
     # -- weights ------------------------------------------------------------------------------
+    def _repacks(self, e) -> str | None:
+        """The container matrix entry ``e`` is repacked into at load (:data:`REPACK`), or
+        None."""
+        if self.kernel == "vnni" or not e.ternary:
+            return None
+        return REPACK.get(e.encoding)
+
     def _pads(self, e) -> bool:
         """Whether matrix entry ``e`` is repacked as padded stfma rows (:data:`CHUNK_WEIGHTS`)."""
         return (self.kernel == "vnni" and e.ternary and e.encoding in PADDED
@@ -266,6 +284,8 @@ class CpuBackend(Backend):
         if self._pads(e):
             return self._padded_weight(name)
         src = ternary_source(self.model, name, self.i2s_variant)
+        if self._repacks(e) and src is not None:
+            return self._base3_repacked(src, self._repacks(e))
         if src is None or src.row_bytes is None:
             return self._repacked_weight(name, src)
         if self.validate:  # the kernels trust the bytes: check every code and scale once
@@ -321,6 +341,17 @@ class CpuBackend(Backend):
         data.setflags(write=False)
         return CpuWeight("stfma", t.rows, t.cols, data, np.full(t.rows, t.scales[0], np.float32),
                          "plain", K.KIND_LOW)
+
+    def _base3_repacked(self, src: TernarySource, target: str) -> CpuWeight:
+        """A base-3 matrix (tq1_0, iq1_bn) decoded by its format's reader (every check) and
+        encoded as ``target``'s rows (tq2_0, iq2_bn: the same scales) in the arena."""
+        t = src.decode_rows(0, src.rows)
+        fmt = get_format(target)
+        raw = np.asarray(fmt.encode(t)).view(np.uint8).reshape(src.rows, -1)
+        data = self._arena.copy(raw)
+        data.setflags(write=False)
+        scale = fmt.row_scales(data) if target in ROW_SCALED else np.float32(0)
+        return CpuWeight(target, src.rows, src.cols, data, scale)
 
     def _repacked_weight(self, name: str, src: TernarySource | None) -> CpuWeight:
         """Matrices without row-readable bytes (module docstring), decoded once and repacked.

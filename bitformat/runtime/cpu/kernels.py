@@ -361,7 +361,7 @@ def _make_tq1_row(dot):
     """Intrinsic ``row(w, x, x_off, bsum, bs_off, nblocks) -> float64``: ``sum_b d_b * (dot_b -
     bsum[bs_off + b])`` over a tq1_0 row's 54-byte blocks, exact (:mod:`..backend`, "One
     arithmetic for every container"), with ``dot(builder, acc, codes, x)`` adding u8 codes
-    times s8 activations into int32 lanes (:func:`_tq1_dot`: vpdpbusd; :func:`_tq1_dot_avx2`).
+    times s8 activations into int32 lanes (:func:`_tq1_dot`: vpdpbusd).
 
     Digits are decoded in uint8 lanes (``q*3`` by two adds) and meet contiguous activations:
     qs[0:32] digit k holds elements 32k + m (256-bit); qs[32:48] digit k elements
@@ -516,15 +516,6 @@ def _make_avx2_dot(shifts: tuple[int, ...], colpack: bool = False):
     return dot
 
 
-def _tq1_dot_avx2(builder, acc, codes, x):
-    """``acc`` (i32 lanes) + the u8 ``codes`` times s8 ``x`` (both <32|16 x i8>), by
-    vpmaddubsw and vpmaddwd (:func:`_tq1_dot` without VNNI; digits <= 2 never saturate)."""
-    width = codes.type.count
-    mub, mwd = _avx2_madd(builder, width)
-    ones = ir.Constant(ir.VectorType(ir.IntType(16), width // 2), [1] * (width // 2))
-    return builder.add(acc, builder.call(mwd, [builder.call(mub, [codes, x]), ones]))
-
-
 def _make_avx2_block_row(block: int, code_bytes: int, d_at: int, codes_at: int, width: int):
     """Intrinsic ``row(w, xg, x_off, x_stride, bsum, bs_off, nblocks) -> float64``: ``sum_b d_b
     * (dot_b - bsum[bs_off + b])`` over a row of ``block``-byte blocks, each an f16 ``d`` at
@@ -644,7 +635,6 @@ def _avx2_iq1_pairs(typingctx, w, x, x_off, x_stride, npairs):
 _avx2_i2s = _make_avx2_dot((6, 4, 2, 0))
 _avx2_low = _make_avx2_dot((0, 2, 4, 6))
 _avx2_colpack = _make_avx2_dot((0, 2, 4, 6), colpack=True)
-_avx2_tq1_row = _make_tq1_row(_tq1_dot_avx2)
 _avx2_tq2_row = _make_avx2_block_row(66, 64, 64, 0, 32)
 _avx2_q2_row = _make_avx2_block_row(18, 16, 0, 2, 16)
 
@@ -926,41 +916,6 @@ def tq2_avx2(W, XG, bsum, s, out):
 
 
 # -- tq1_0: 54-byte blocks, base-3 qs[48] + qh[4], then f16 d --------------------------------------
-@njit(inline="always")
-def _tq1_group(wr, o, x, x0, width, ndig):
-    """sum over bytes m < width and digits k < ndig of digit_k(wr[o+m]) * x[x0 + k*width + m].
-
-    Digit k of byte b is ``(q * 3) >> 8`` with ``q = b * 3**k mod 256``, i.e. 0 for q <= 85,
-    1 up to 170, else 2 (q wraps in uint8 on purpose).
-    """
-    acc = np.int32(0)
-    for m in range(width):
-        b = wr[o + m]
-        p = np.uint8(1)
-        for k in range(ndig):
-            q = np.uint8(b * p)
-            acc = np.int32(acc + (np.int32(q > 85) + np.int32(q > 170))
-                           * np.int32(x[x0 + k * width + m]))
-            p = np.uint8(p * 3)
-    return acc
-
-
-@njit(parallel=True, cache=True)
-def tq1_portable(W, Q, bsum, s, out):
-    """Like tq2_0, with Q in element order and the digits decoded where they are used."""
-    for r in prange(W.shape[0]):
-        wr = W[r]
-        for t in range(out.shape[0]):
-            qt = Q[t]
-            acc = np.float64(0.0)
-            for b in range(bsum.shape[1]):
-                o, x0 = b * 54, b * 256
-                d = (_tq1_group(wr, o, qt, x0, 32, 5) + _tq1_group(wr, o + 32, qt, x0 + 160, 16, 5)
-                     + _tq1_group(wr, o + 48, qt, x0 + 240, 4, 4))
-                acc += np.float64(_f16(wr[o + 52], wr[o + 53])) * np.float64(d - bsum[t, b])
-            out[t, r] = np.float32(acc) / s[t]
-
-
 @njit(parallel=True, cache=True)
 def tq1_vnni(W, Q, bsum, s, out):
     cols, nb = Q.shape[1], bsum.shape[1]
@@ -968,16 +923,6 @@ def tq1_vnni(W, Q, bsum, s, out):
         wr = W[r]
         for t in range(out.shape[0]):
             out[t, r] = np.float32(_vnni_tq1_row(wr, Q, t * cols, bsum, t * nb, nb)) / s[t]
-
-
-@njit(parallel=True, cache=True)
-def tq1_avx2(W, Q, bsum, s, out):
-    """:func:`tq1_vnni` on AVX2 (vpmaddubsw and vpmaddwd for vpdpbusd)."""
-    cols, nb = Q.shape[1], bsum.shape[1]
-    for r in prange(W.shape[0]):
-        wr = W[r]
-        for t in range(out.shape[0]):
-            out[t, r] = np.float32(_avx2_tq1_row(wr, Q, t * cols, bsum, t * nb, nb)) / s[t]
 
 
 # -- q2_0: 18-byte blocks of 64 values, f16 d then qs[16] (element 4m + g at bits 2g) ------------
