@@ -71,7 +71,9 @@ def test_inspect_quotes_measured_cpu_speed(tiny_gguf, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert ("1.00x i2_s's decode, 1.00x its prefill on Test CPU (AVX2 kernels (no AVX-512); "
             "i2_s 12.5 tok/s on 2B-4T)") in r.output
-    assert costs.describe("iq1_bn")[0].endswith("(slow here: pick i2_s, tq2_0 or stfma)")
+    slow = costs.describe("iq1_bn")[0]
+    assert slow.endswith("(slow here: pick i2_s, tq2_0 or stfma)")
+    assert "held as iq2_bn rows" in slow  # the avx2 build repacks it at load
     assert costs.describe("tq2_0") == []
     info = json.loads(run("inspect", tiny_gguf, "--json").output)
     assert info["run_costs"] == costs.describe("i2_s")

@@ -17,6 +17,11 @@ BUILD_NAMES = {"vnni": "AVX-512 VNNI kernels", "avx2": "AVX2 kernels (no AVX-512
                "portable": "portable kernels (no SIMD intrinsics)"}
 
 
+#: base-3 containers the cpu backend's avx2 and portable builds repack at load into the 2-bit
+#: container with the same scales (the backend's REPACK), so they run that one's kernels
+REPACKED = {"tq1_0": "tq2_0", "iq1_bn": "iq2_bn"}
+
+
 def measured() -> list[dict[str, Any]]:
     """Every measured CPU and build (empty where the file is missing)."""
     try:
@@ -44,7 +49,9 @@ def describe(fid: str) -> list[str]:
     lines = []
     for c in container_costs(fid):
         slow = "  (slow here: pick i2_s, tq2_0 or stfma)" if c["decode"] < 0.7 else ""
+        held = (f", held as {REPACKED[fid]} rows" if fid in REPACKED and c["build"] != "vnni"
+                else "")
         lines.append(f"{c['decode']:.2f}x i2_s's decode, {c['prefill']:.2f}x its prefill on "
-                     f"{c['cpu']} ({BUILD_NAMES.get(c['build'], c['build'])}; i2_s "
+                     f"{c['cpu']} ({BUILD_NAMES.get(c['build'], c['build'])}{held}; i2_s "
                      f"{c['i2_s_decode_tps']:.1f} tok/s on 2B-4T){slow}")
     return lines

@@ -40,6 +40,7 @@ from ..backend import (
     q8_0_activations,
     ternary_source,
 )
+from ..costs import REPACKED
 from . import amx as A
 from . import batch as B
 from . import decode as D
@@ -90,7 +91,7 @@ PADDED = ("i2_s", "stfma")
 #: 2-bit rows take, and a base-3 digit costs several instructions where a 2-bit code costs a
 #: shift and a mask (docs/benchmarks.md, "Decode of every container"). The vnni build keeps its
 #: own base-3 kernels.
-REPACK = {"tq1_0": "tq2_0", "iq1_bn": "iq2_bn"}
+REPACK = REPACKED
 
 
 @dataclass
