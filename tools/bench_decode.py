@@ -109,7 +109,9 @@ class BitformatRunner:
     def __init__(self, path: str, threads: int | None):
         from bitformat.runtime import load
 
-        self.m = load(path, backend="cpu", threads=threads)
+        # BITFORMAT_BENCH_HEAD=full|screened: that LM head instead of the loader's default
+        head = os.environ.get("BITFORMAT_BENCH_HEAD")
+        self.m = load(path, backend="cpu", threads=threads, **({"head": head} if head else {}))
         self.streamed = self._streamed_bytes()
 
     def _streamed_bytes(self) -> int:

@@ -135,8 +135,9 @@ def lm_head_lut(E, lut, X, out):
 
 @njit(parallel=True, cache=True, fastmath=True)
 def lm_head_f16(E, X, out):
-    """E uint16 [V, H] holding IEEE halves (C-contiguous, as X): zmm vcvtph2ps + FMA per row
-    (:func:`_make_half_dot`), f32 accumulation, rows split among threads."""
+    """E uint16 [V, H] holding IEEE halves (C-contiguous, as X): vcvtph2ps + FMA per row
+    (:func:`_make_half_dot`: zmm registers with AVX-512, pairs of ymm on the avx2 build), f32
+    accumulation, rows split among threads."""
     h = E.shape[1]
     n = h // 32
     for v in prange(E.shape[0]):

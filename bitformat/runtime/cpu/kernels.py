@@ -68,8 +68,8 @@ def host_features() -> set[str]:
 
 
 #: the kernel builds, fastest first, and the CPU features each needs (LLVM's names)
-KERNEL_BUILDS = {"vnni": ("avx512vnni", "avx512bw", "avx512vl", "f16c"), "avx2": ("avx2",),
-                 "portable": ()}
+KERNEL_BUILDS = {"vnni": ("avx512vnni", "avx512bw", "avx512vl", "f16c"),
+                 "avx2": ("avx2", "fma", "f16c"), "portable": ()}
 
 
 def builds_here() -> list[str]:
