@@ -38,6 +38,20 @@ def args_of(container) -> ModelArgs:
     return ModelArgs.from_metadata({k: v.plain() for k, v in container.metadata.items()})
 
 
+def tuned_net(c, gpu, **tuning) -> WgpuBitNet:
+    """A network over container ``c`` built with these ``GpuDevice.tuning`` keys (its batched
+    prompt too), the device's tuning restored after."""
+    saved = dict(gpu.tuning)
+    gpu.tuning.update(tuning)
+    try:
+        net = WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu))
+        net._batched(2)  # the batched prompt is built on first use: build it now
+        return net
+    finally:
+        gpu.tuning.clear()
+        gpu.tuning.update(saved)
+
+
 def rel_err(a, b) -> float:
     return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
 
@@ -240,13 +254,7 @@ def test_batched_prompt_equals_token_by_token(nets, gpu, tiny_all):
     c, _ = nets["i2_s"]
     be = WgpuBackend(c, device=gpu)
     net = WgpuBitNet(args_of(c), be)
-    saved = dict(gpu.tuning)
-    gpu.tuning["batch"] = 8
-    try:
-        net2 = WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu))
-    finally:
-        gpu.tuning.clear()
-        gpu.tuning.update(saved)
+    net2 = tuned_net(c, gpu, batch=8)
     prompt = [(7 * i + 3) % net.args.vocab_size for i in range(37)]
     steps = net2.host_steps
     batched = net2.forward(prompt, net2.new_cache(len(prompt)))
@@ -264,16 +272,7 @@ def test_batched_i2s_prompt_reads_each_weight_once_per_token_group(nets, gpu, tp
     a workgroup, the last group partial) with the bits of the per-token fused mat-vecs
     (``tpw=0``)."""
     c, _ = nets["i2_s"]
-    saved = dict(gpu.tuning)
-    nets_by = {}
-    try:
-        for t in (tpw, 0):
-            gpu.tuning.update(batch=16, tpw=t)
-            nets_by[t] = WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu))
-            assert nets_by[t]._batched(16)  # the batch is built now, with this tuning
-    finally:
-        gpu.tuning.clear()
-        gpu.tuning.update(saved)
+    nets_by = {t: tuned_net(c, gpu, batch=16, tpw=t) for t in (tpw, 0)}
     prompt = [(13 * i + 7) % nets_by[0].args.vocab_size for i in range(29)]  # 16 + 13
     got = nets_by[tpw].forward(prompt, nets_by[tpw].new_cache(len(prompt)))
     want = nets_by[0].forward(prompt, nets_by[0].new_cache(len(prompt)))
@@ -326,13 +325,7 @@ def test_the_o_projection_merges_attention_runs_as_attn_merge_does(nets, gpu):
     dispatch); with ``fold=0`` the merge dispatch runs: the logits agree at every position of a
     prompt run token by token past several runs."""
     c, net = nets["i2_s"]
-    saved = dict(gpu.tuning)
-    gpu.tuning["fold"] = 0
-    try:
-        plain = WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu))
-    finally:
-        gpu.tuning.clear()
-        gpu.tuning.update(saved)
+    plain = tuned_net(c, gpu, fold=0)
     assert plain.dispatches_per_token == net.dispatches_per_token + net.args.n_layers
     prompt = [(5 * i + 2) % net.args.vocab_size for i in range(100)]  # up to 4 runs
     got = net.forward(prompt, net.new_cache(len(prompt)), all_logits=True)
@@ -347,13 +340,7 @@ def test_tunings_give_the_same_logits(nets, gpu, tuning):
     """i2_s rows with fewer units loaded ahead than a lane has (the rest in the loop), other
     lanes per row, and attention split into shorter runs: the same logits."""
     c, net = nets["i2_s"]
-    saved = dict(gpu.tuning)
-    gpu.tuning.update(tuning)
-    try:
-        other = WgpuBitNet(args_of(c), WgpuBackend(c, device=gpu))
-    finally:
-        gpu.tuning.clear()
-        gpu.tuning.update(saved)
+    other = tuned_net(c, gpu, **tuning)
     prompt = [(3 * i + 1) % net.args.vocab_size for i in range(40)]
     got = other.forward(prompt, other.new_cache(len(prompt)), all_logits=True)
     want = net.forward(prompt, net.new_cache(len(prompt)), all_logits=True)

@@ -2,15 +2,8 @@
 // normalizes and quantizes the input vector itself (quant_prologue.wgsl: RMSNorm or plain
 // absmax, int8, into workgroup memory), then computes its rows' dot products with the format's
 // code (rows_<format>.wgsl, pasted as ROWS_INCLUDE), LPR lanes of a subgroup per row, reduced
-// by subgroup shuffles, and finishes each row:
-//
-//     v_r = row_value(row_dot(r), scale(r)) * out_scale(r)   (dot * scale / s: docs/model.md §2)
-//     MODE 0: Y[r] = v_r        MODE 1: Y[r] = Y[r] + v_r (the residual)
-//     MODE 2: Y[r] = act(v_gate_r) * v_up_r    (gate rows, then up rows from word P.bound.w)
-//
-// scale(r): the rows may be several matrices stacked (q, k, v: one dispatch): rows below
-// P.bound.x take P.scale.x, below P.bound.y P.scale.y, the rest P.scale.z (MODE 2: gate .x,
-// up .w); P.oscale likewise (the optional `.scale` tensors of upstream bitnet files).
+// by subgroup shuffles, and finishes each row as row_store.wgsl says (MODE 0 store, 1 the
+// residual add, 2 act(gate) * up; stacked matrices each with their own scales).
 //
 // Bindings (group 0):
 //   0  storage, read        A: array<vec4<f32>>  the input x [COLS] (COMBINE = 1: gate outputs;
@@ -49,12 +42,6 @@ override TRACE: u32 = 0u;
 override BLK: u32 = 128u;
 override YS: u32 = 0u;  // batched prefill: output floats per token (grid z = token)
 
-struct FParams {
-    scale: vec4<f32>,
-    oscale: vec4<f32>,
-    bound: vec4<u32>,
-}
-
 @group(0) @binding(0) var<storage, read> A: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> U: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> G: array<vec4<f32>>;
@@ -67,36 +54,9 @@ var<workgroup> X: array<vec4<u32>, XV4>;
 //#include quant_prologue.wgsl
 //#include act_block.wgsl
 //#include ROWS_INCLUDE
-
-fn seg_scale(o: u32) -> vec2<f32> {
-    if (o < P.bound.x) {
-        return vec2<f32>(P.scale.x, P.oscale.x);
-    }
-    if (o < P.bound.y) {
-        return vec2<f32>(P.scale.y, P.oscale.y);
-    }
-    return vec2<f32>(P.scale.z, P.oscale.z);
-}
+//#include row_store.wgsl
 
 var<private> ybase: u32;
-
-fn store(r: u32, acc: vec2<f32>) {
-    let o = P.bound.z + r;
-    let y = ybase + o;
-    if (MODE == 2u) {
-        let gate = row_value(acc.x, P.scale.x) * P.oscale.x;
-        let up = row_value(acc.y, P.scale.w) * P.oscale.w;
-        Y[y] = act(gate) * up;
-        return;
-    }
-    let sc = seg_scale(o);
-    let v = row_value(acc.x, sc.x) * sc.y;
-    if (MODE == 0u) {
-        Y[y] = v;
-    } else {
-        Y[y] = Y[y] + v;
-    }
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid3: vec3<u32>,
@@ -140,7 +100,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid3: v
             acc += vec2<f32>(subgroupShuffleXor(acc.x, o), subgroupShuffleXor(acc.y, o));
         }
         if (live && lane == 0u) {
-            store(r, acc);
+            store_row(P.bound.z + r, ybase + P.bound.z + r, acc);
         }
     }
 }

@@ -14,7 +14,7 @@
 //   0  storage, read        Q: array<vec4<u32>>  activation blocks, XV4 vec4s per token
 //   1  storage, read        ST: array<u32>       the step state: the chunk's tokens are
 //                                                ST[2] - ST[1]
-//   2  uniform              P: FParams (fused_matvec.wgsl)
+//   2  uniform              P: FParams (row_store.wgsl)
 //   3  storage, read_write  Y: array<f32>        token t's outputs start at float t * YS
 //   4  storage, read        W: the rows (rows_i2_s.wgsl)
 // Overrides: ROWS, COLS, MODE, ACT, RPW, LPR, YS, BLK. Substituted: XV4, TPW_N (tokens a
@@ -33,12 +33,6 @@ const WGS: u32 = 256u;
 const QOFF: u32 = 256u;
 const TPW: u32 = TPW_N;
 
-struct FParams {
-    scale: vec4<f32>,
-    oscale: vec4<f32>,
-    bound: vec4<u32>,
-}
-
 @group(0) @binding(0) var<storage, read> Q: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> ST: array<u32>;
 @group(0) @binding(2) var<uniform> P: FParams;
@@ -49,46 +43,7 @@ var<private> xb: u32;  // the vec4 where the block being read starts (XBASE)
 
 //#include act_block.wgsl
 //#include rows_i2_s.wgsl
-
-// the FFN gate's activation, as quant_prologue.wgsl's act: relu(g)^2 (ACT 0) or silu (ACT 1)
-fn act(g: f32) -> f32 {
-    if (ACT == 0u) {
-        let r = max(g, 0.0);
-        return r * r;
-    }
-    return g / (1.0 + exp(-g));
-}
-
-fn seg_scale(o: u32) -> vec2<f32> {
-    if (o < P.bound.x) {
-        return vec2<f32>(P.scale.x, P.oscale.x);
-    }
-    if (o < P.bound.y) {
-        return vec2<f32>(P.scale.y, P.oscale.y);
-    }
-    return vec2<f32>(P.scale.z, P.oscale.z);
-}
-
-// row r's value for the workgroup's token t, the chunk's token t0 + t (xb: t's block), as
-// fused_matvec.wgsl's store
-fn store(r: u32, t0: u32, t: u32, acc: vec2<f32>) {
-    xb = t * XV4;
-    let o = P.bound.z + r;
-    let y = (t0 + t) * YS + o;
-    if (MODE == 2u) {
-        let gate = row_value(acc.x, P.scale.x) * P.oscale.x;
-        let up = row_value(acc.y, P.scale.w) * P.oscale.w;
-        Y[y] = act(gate) * up;
-        return;
-    }
-    let sc = seg_scale(o);
-    let v = row_value(acc.x, sc.x) * sc.y;
-    if (MODE == 0u) {
-        Y[y] = v;
-    } else {
-        Y[y] = Y[y] + v;
-    }
-}
+//#include row_store.wgsl
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid3: vec3<u32>,
@@ -142,7 +97,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid3: v
                 acc += vec2<f32>(subgroupShuffleXor(acc.x, o), subgroupShuffleXor(acc.y, o));
             }
             if (live && lane == 0u && t < nt) {
-                store(r, t0, t, acc);
+                xb = t * XV4;  // token t's block, for row_value
+                store_row(P.bound.z + r, (t0 + t) * YS + P.bound.z + r, acc);
             }
         }
     }

@@ -80,14 +80,7 @@ fn merged4(j: u32) -> vec4<f32> {
     return acc / m.y;
 }
 
-// the FFN gate's activation: relu(g)^2 (ACT 0, BitNet 2B-4T) or silu (ACT 1)
-fn act(g: f32) -> f32 {
-    if (ACT == 0u) {
-        let r = max(g, 0.0);
-        return r * r;
-    }
-    return g / (1.0 + exp(-g));
-}
+//#include act.wgsl
 
 fn act4(g: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(act(g.x), act(g.y), act(g.z), act(g.w));
