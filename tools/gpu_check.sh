@@ -8,8 +8,11 @@
 # commit to compare against in .base/ (git archive BASE bitformat | tar -x -C .base); without
 # .base only the current code runs. Steps: synthesize the full-size 2B-4T (i2_s), time decode
 # (full and screened head), a 512-token prompt and one profiled step for the base code and the
-# current code (with BITFORMAT_GPU_TUNING's configurations, ';'-separated), then check every
-# family and container of the tiny models against numpy on the device. About 4-5 minutes.
+# current code (with BITFORMAT_GPU_TUNING's configurations, ';'-separated, each a ','-separated
+# list of GpuDevice.tuning keys: "fold=0;tpw=0;gate_up.passes=1"), BENCH_CONTAINERS' containers
+# (comma-separated), then check every family and container of the tiny models against numpy on
+# the device. With five configurations and three containers: about 3 minutes, plus about half a
+# minute to start the machine (the H200 runs of docs/benchmarks.md, second session).
 set -u
 out="${1:-${OUT:-out/gpu}}"
 mkdir -p "$out"
