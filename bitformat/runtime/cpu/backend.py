@@ -198,8 +198,11 @@ class CpuBackend(Backend):
                             else K.mm2_portable)
         self._tq2 = K.tq2_vnni if vnni else K.tq2_avx2 if avx2 else K.tq2_portable
         self._tq1 = K.tq1_vnni  # the other builds repack tq1_0 (REPACK)
-        self._iq2bn = K.iq2bn_avx2 if avx2 else K.iq2bn_portable
-        self._q2 = K.q2_avx2 if avx2 else K.q2_portable
+        # q2_0, iq2_bn and iq1_bn have no AVX-512 kernels of their own: the vnni build runs
+        # the avx2 ones (every AVX-512 CPU has AVX2, F16C and FMA), not the portable loops
+        simd = avx2 or vnni
+        self._iq2bn = K.iq2bn_avx2 if simd else K.iq2bn_portable
+        self._q2 = K.q2_avx2 if simd else K.q2_portable
         # a batched decode step (2..BATCH_TOKENS rows) and the LM head of any rows: batch.py
         self._mm2_tokens = B.mm2_vnni_tokens if vnni else None
         self._head_tokens = B.lm_head_tokens if vnni else None
@@ -605,7 +608,8 @@ class CpuBackend(Backend):
                    w.scale, out)
 
     def _iq1_bn(self, qa, w, s, out) -> None:
-        if self.kernel == "avx2":
+        """The vnni build's (the avx2 and portable builds repack iq1_bn: REPACK)."""
+        if self.kernel != "portable":
             self._call(K.iq1bn_avx2, w.data.nbytes, w.data, self._derived(qa, "iq1", w.cols),
                        qa.q, self._derived(qa, "sum"), s, w.scale, out)
         else:
