@@ -363,3 +363,24 @@ def test_every_row_container_has_a_cpu_kernel():
 
     assert set(ROW_FORMAT_IDS) | {"trits"} == set(CpuBackend.KERNELS)
     assert all(callable(k) for k in CpuBackend.KERNELS.values())
+
+
+@pytest.mark.parametrize("fid", ["tq1_0", "iq1_bn"])
+def test_base3_containers_read_as_they_are_give_the_repacked_bits(tiny_containers, cpu_models,
+                                                                  monkeypatch, fid):
+    """A base-3 matrix read as it is (the vnni build's path: tq1_0's own kernel there, iq1_bn
+    through the avx2 kernel) and repacked into its 2-bit twin at load (the avx2 and portable
+    builds) give the same logits, bit for bit."""
+    from bitformat.runtime import load
+    from bitformat.runtime.cpu.backend import CpuBackend
+
+    repacked = cpu_models[fid]
+    if fid == "tq1_0" and repacked.backend.kernel != "vnni":
+        pytest.skip("tq1_0 read as it is runs the vnni kernel only")
+    monkeypatch.setattr(CpuBackend, "_repacks", lambda self, e: None)
+    with load(tiny_containers[fid], backend="cpu") as native:
+        assert native.net.blocks[0].proj["attn_q"].encoding == fid
+        prompt = [3, 17, 250, 9, 100]
+        want = repacked.net.forward(prompt, repacked.net.new_cache(len(prompt)))
+        got = native.net.forward(prompt, native.net.new_cache(len(prompt)))
+        np.testing.assert_array_equal(got, want)
