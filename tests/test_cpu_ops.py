@@ -209,19 +209,19 @@ def test_weights_are_arena_copies_of_container_bytes(cpu_models, tiny_containers
     """The arena holds each matrix's container bytes, or where the build repacks a base-3
     container (tq1_0 without the vnni kernels) the rows its 2-bit twin encodes."""
     from bitformat.formats import get_format
-    from bitformat.runtime.cpu.backend import REPACK
+    from bitformat.runtime.costs import REPACKED
 
     be = cpu_models[fid].backend
     arena = be._arena.buf
-    repacked = be.kernel != "vnni" and fid in REPACK
+    repacked = be.kernel != "vnni" and fid in REPACKED
     with open_model(tiny_containers[fid]) as c:
         for i in (0, 1):
             for name, w in cpu_models[fid].net.blocks[i].proj.items():
                 full = f"blk.{i}.{name}.weight"
                 raw = c.plain(full)[1]
                 if repacked:
-                    assert w.encoding == REPACK[fid]
-                    raw = np.asarray(get_format(REPACK[fid]).encode(c.ternary(full))
+                    assert w.encoding == REPACKED[fid]
+                    raw = np.asarray(get_format(REPACKED[fid]).encode(c.ternary(full))
                                      ).view(np.uint8).reshape(-1)
                 assert np.shares_memory(w.data, arena) and not w.data.flags.writeable
                 assert w.data.ctypes.data % 64 == 0  # every matrix starts on a cache line
@@ -365,21 +365,21 @@ def test_every_row_container_has_a_cpu_kernel():
     assert all(callable(k) for k in CpuBackend.KERNELS.values())
 
 
-@pytest.mark.parametrize("fid", ["tq1_0", "iq1_bn"])
-def test_base3_containers_read_as_they_are_give_the_repacked_bits(tiny_containers, cpu_models,
-                                                                  monkeypatch, fid):
-    """A base-3 matrix read as it is (the vnni build's path: tq1_0's own kernel there, iq1_bn
-    through the avx2 kernel) and repacked into its 2-bit twin at load (the avx2 and portable
-    builds) give the same logits, bit for bit."""
+def test_iq1_bn_read_as_it_is_gives_the_repacked_bits(tiny_containers, cpu_models,
+                                                       monkeypatch):
+    """iq1_bn read as it is (the vnni build's path: the avx2 kernel) and repacked into iq2_bn
+    rows at load (the avx2 and portable builds) give the same logits, bit for bit. (tq1_0
+    has no such pair: the vnni build alone has a kernel for it as it is.)"""
     from bitformat.runtime import load
     from bitformat.runtime.cpu.backend import CpuBackend
 
-    repacked = cpu_models[fid]
-    if fid == "tq1_0" and repacked.backend.kernel != "vnni":
-        pytest.skip("tq1_0 read as it is runs the vnni kernel only")
+    repacked = cpu_models["iq1_bn"]
+    if repacked.backend.kernel == "vnni":
+        pytest.skip("the vnni build does not repack iq1_bn: nothing to compare")
+    assert repacked.net.blocks[0].proj["attn_q"].encoding == "iq2_bn"
     monkeypatch.setattr(CpuBackend, "_repacks", lambda self, e: None)
-    with load(tiny_containers[fid], backend="cpu") as native:
-        assert native.net.blocks[0].proj["attn_q"].encoding == fid
+    with load(tiny_containers["iq1_bn"], backend="cpu") as native:
+        assert native.net.blocks[0].proj["attn_q"].encoding == "iq1_bn"
         prompt = [3, 17, 250, 9, 100]
         want = repacked.net.forward(prompt, repacked.net.new_cache(len(prompt)))
         got = native.net.forward(prompt, native.net.new_cache(len(prompt)))
