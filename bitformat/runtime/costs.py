@@ -17,8 +17,12 @@ BUILD_NAMES = {"vnni": "AVX-512 VNNI kernels", "avx2": "AVX2 kernels (no AVX-512
                "portable": "portable kernels (no SIMD intrinsics)"}
 
 
-#: base-3 containers the cpu backend's avx2 and portable builds repack at load into the 2-bit
-#: container with the same scales (the backend's REPACK), so they run that one's kernels
+#: Base-3 containers, and the 2-bit container with the same scales that the cpu backend's
+#: avx2 and portable builds repack them into at load (``CpuBackend._repacks``): the same
+#: trits and scales, so the same bits (docs/model.md §2). Without AVX-512 a decode step is
+#: bound by arithmetic, not by the 8-9 % more bytes the 2-bit rows take, and a base-3 digit
+#: costs several instructions where a 2-bit code costs a shift and a mask (docs/benchmarks.md,
+#: "Decode of every container"). The vnni build reads them as they are.
 REPACKED = {"tq1_0": "tq2_0", "iq1_bn": "iq2_bn"}
 
 

@@ -43,9 +43,7 @@ def resolve_head(head: str, backend: Backend) -> str:
     lavapipe, where the head's bytes dominate). Other modes pass through."""
     if head != "auto":
         return head
-    dev = getattr(backend, "dev", None)
-    return "full" if backend.name == "wgpu" and dev is not None and not dev.is_cpu \
-        else "screened"
+    return "full" if backend.name == "wgpu" and not backend.dev.is_cpu else "screened"
 
 
 class LoadedModel:

@@ -85,13 +85,6 @@ STACKABLE = (*TWO_BIT, *ROW_SCALED, "tq2_0", "tq1_0", "q2_0")
 #: padded with zeros, so the sums are the same integers).
 CHUNK_WEIGHTS = 256
 PADDED = ("i2_s", "stfma")
-#: Base-3 containers, and the 2-bit container with the same scales that the avx2 and portable
-#: builds repack them into at load: the same trits and scales, so the same bits (docs/model.md
-#: §2). Without AVX-512 a decode step is bound by arithmetic, not by the 8-9 % more bytes the
-#: 2-bit rows take, and a base-3 digit costs several instructions where a 2-bit code costs a
-#: shift and a mask (docs/benchmarks.md, "Decode of every container"). The vnni build keeps its
-#: own base-3 kernels.
-REPACK = REPACKED
 
 
 @dataclass
@@ -197,7 +190,7 @@ class CpuBackend(Backend):
         self._mm2_prompt = (K.mm2_vnni_prompt if vnni else K.mm2_avx2 if avx2
                             else K.mm2_portable)
         self._tq2 = K.tq2_vnni if vnni else K.tq2_avx2 if avx2 else K.tq2_portable
-        self._tq1 = K.tq1_vnni  # the other builds repack tq1_0 (REPACK)
+        self._tq1 = K.tq1_vnni  # the other builds repack tq1_0 (REPACKED)
         # q2_0, iq2_bn and iq1_bn have no AVX-512 kernels of their own: the vnni build runs
         # the avx2 ones (every AVX-512 CPU has AVX2, F16C and FMA), not the portable loops
         simd = avx2 or vnni
@@ -244,8 +237,8 @@ class CpuBackend(Backend):
         decoded at load its stfma rows, for a repacked base-3 matrix its 2-bit rows."""
         out = []
         for e in self.model.entries:
-            if self._repacks(e):
-                out.append(get_format(self._repacks(e)).nbytes(*e.shape))
+            if target := self._repacks(e):
+                out.append(get_format(target).nbytes(*e.shape))
             elif self._pads(e):
                 out.append(e.shape[0] * -(-e.shape[1] // CHUNK_WEIGHTS) * CHUNK_WEIGHTS // 4)
             elif e.encoding in ROW_FORMATS:
@@ -261,8 +254,8 @@ class CpuBackend(Backend):
         decoded at load), the norms."""
         total = 0
         for e in self.model.entries:
-            if self._repacks(e):
-                total += get_format(self._repacks(e)).nbytes(*e.shape)
+            if target := self._repacks(e):
+                total += get_format(target).nbytes(*e.shape)
             elif e.encoding == "rans" and self.decode == "load":
                 total += e.shape[0] * RR.stfma_row_bytes(e.shape[1])
             else:
@@ -271,11 +264,11 @@ class CpuBackend(Backend):
 
     # -- weights ------------------------------------------------------------------------------
     def _repacks(self, e) -> str | None:
-        """The container matrix entry ``e`` is repacked into at load (:data:`REPACK`), or
-        None."""
+        """The container matrix entry ``e`` is repacked into at load
+        (:data:`~..costs.REPACKED`), or None."""
         if self.kernel == "vnni" or not e.ternary:
             return None
-        return REPACK.get(e.encoding)
+        return REPACKED.get(e.encoding)
 
     def _pads(self, e) -> bool:
         """Whether matrix entry ``e`` is repacked as padded stfma rows (:data:`CHUNK_WEIGHTS`)."""
@@ -291,8 +284,8 @@ class CpuBackend(Backend):
         if self._pads(e):
             return self._padded_weight(name)
         src = ternary_source(self.model, name, self.i2s_variant)
-        if self._repacks(e) and src is not None:
-            return self._base3_repacked(src, self._repacks(e))
+        if (target := self._repacks(e)) and src is not None:
+            return self._base3_repacked(src, target)
         if src is None or src.row_bytes is None:
             return self._repacked_weight(name, src)
         if self.validate:  # the kernels trust the bytes: check every code and scale once
@@ -608,13 +601,10 @@ class CpuBackend(Backend):
                    w.scale, out)
 
     def _iq1_bn(self, qa, w, s, out) -> None:
-        """The vnni build's (the avx2 and portable builds repack iq1_bn: REPACK)."""
-        if self.kernel != "portable":
-            self._call(K.iq1bn_avx2, w.data.nbytes, w.data, self._derived(qa, "iq1", w.cols),
-                       qa.q, self._derived(qa, "sum"), s, w.scale, out)
-        else:
-            self._call(K.iq1bn_portable, w.data.nbytes, w.data, qa.q, self._derived(qa, "sum"),
-                       s, w.scale, out)
+        """The vnni build's: the avx2 kernel (the avx2 and portable builds repack iq1_bn,
+        REPACKED)."""
+        self._call(K.iq1bn_avx2, w.data.nbytes, w.data, self._derived(qa, "iq1", w.cols),
+                   qa.q, self._derived(qa, "sum"), s, w.scale, out)
 
     def _trits(self, qa, w, s, out) -> None:
         """Unpacked trits (int8 rows): what a weight no kernel reads is held as."""

@@ -999,25 +999,11 @@ def _digit(b, mult):
     return np.int32(q > 85) + np.int32(q > 170)
 
 
-@njit(parallel=True, cache=True)
-def iq1bn_portable(W, Q, corr, s, ws, out):
-    """Like :func:`iq2bn_portable` with ``Q`` in element order: element 16i + 5k + j of a block
-    is digit j of ql[3i + k], element 16i + 15 digit i of extra."""
-    rows, bpr = W.shape
-    nb = (bpr - 2) // 13
-    for r in prange(rows):
-        wr = W[r]
-        for t in range(out.shape[0]):
-            qt = Q[t]
-            acc = np.int32(0)
-            for b in range(nb):
-                acc = np.int32(acc + _iq1_block(wr, qt, b))
-            out[t, r] = np.float32(acc - corr[t]) * ws[r] / s[t]
-
-
 @njit(inline="always")
 def _iq1_block(wr, qt, b):
-    """int32 sum of digit * q over iq1_bn block b of row ``wr`` (``qt`` in element order)."""
+    """int32 sum of digit * q over iq1_bn block b of row ``wr`` (``qt`` in element order):
+    element 16i + 5k + j of a block is digit j of ql[3i + k], element 16i + 15 digit i of
+    extra."""
     acc = np.int32(0)
     o, x0 = 2 + b * 13, b * 64
     for i in range(4):
@@ -1050,9 +1036,10 @@ def iq1_activations(q: np.ndarray) -> np.ndarray:
 
 @njit(parallel=True, cache=True)
 def iq1bn_avx2(W, X1, Q, corr, s, ws, out):
-    """:func:`iq1bn_portable` on AVX2: two blocks a step (:func:`_avx2_iq1_pairs`, ``X1`` from
-    :func:`iq1_activations`); the last one or two blocks of a row, whose 16-byte loads would
-    pass the row's end, by the scalar loop."""
+    """Like :func:`iq2bn_portable` (``Q`` in element order, for :func:`_iq1_block`): two
+    blocks a step (:func:`_avx2_iq1_pairs`, ``X1`` from :func:`iq1_activations`); the last
+    one or two blocks of a row, whose 16-byte loads would pass the row's end, by the scalar
+    loop. The vnni build's iq1_bn kernel; the others repack iq1_bn into iq2_bn rows."""
     rows, bpr = W.shape
     nb = (bpr - 2) // 13
     pairs = (nb - 1) // 2

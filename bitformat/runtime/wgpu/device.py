@@ -552,12 +552,21 @@ class GpuDevice:
         return [float(v) * 1e-9 for v in ns], "gpu-timestamps"
 
 
-def _raw_calls() -> tuple | None:
-    """wgpu-native's set-pipeline, set-bind-group and dispatch functions (and NULL), unwrapped."""
+def _wgpu_native() -> tuple[Any, Any] | None:
+    """wgpu-py's cffi ``(ffi, lib)`` of wgpu-native, or None with another wgpu-py backend."""
     try:
         from wgpu.backends.wgpu_native import ffi, lib
     except Exception:  # pragma: no cover - another wgpu-py backend
         return None
+    return ffi, lib
+
+
+def _raw_calls() -> tuple | None:
+    """wgpu-native's set-pipeline, set-bind-group and dispatch functions (and NULL), unwrapped."""
+    native = _wgpu_native()
+    if native is None:  # pragma: no cover - another wgpu-py backend
+        return None
+    ffi, lib = native
     return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
             lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
 
@@ -615,11 +624,9 @@ class _NativeReadback:
 
 
 def _native_readback() -> _NativeReadback | None:
-    try:
-        from wgpu.backends.wgpu_native import ffi, lib
-        return _NativeReadback(ffi, lib)
-    except Exception:  # noqa: BLE001 - another wgpu-py backend: wgpu-py's own maps
-        return None
+    """None with another wgpu-py backend: then reads use wgpu-py's own maps."""
+    native = _wgpu_native()
+    return None if native is None else _NativeReadback(*native)
 
 
 def require_gpu() -> bool:

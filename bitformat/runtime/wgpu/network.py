@@ -207,18 +207,23 @@ class WgpuBitNet:
         return float(self.be.vector(s).reshape(-1)[0]) if s in self._names else 1.0
 
     def _norm_block(self, src: Any, gain: Any, n: int, *, quant: bool, norm: bool = True,
-                    combine: Any = None, trace: Any = None, out: Any = None) -> Dispatch:
-        """One workgroup: the activation block of ``src`` into the backend's X (``quant``), or
-        the f32 RMSNorm into ``out``."""
+                    combine: Any = None, trace: Any = None, out: Any = None,
+                    blocks: Any = None) -> Dispatch:
+        """One workgroup a vector: the activation block of ``src`` into the backend's X
+        (``quant``; both layouts, for the op-by-op kernels) or, with ``blocks``, each token's
+        plain-layout block into ``blocks`` (a batched prompt's mat-mats); or the f32 RMSNorm
+        into ``out``."""
         dev, a = self.dev, self.args
         subs = fused_subs("", n)
-        subs["XV4"] = str(64 + 2 * (-(-n // 256) * 16))  # both layouts (the op-by-op block)
+        if blocks is None:
+            subs["XV4"] = str(64 + 2 * (-(-n // 256) * 16))  # both layouts
         k = dev.kernel("norm_block", subs, COLS=n, QUANT=int(quant),
                        NORM=int(norm), COMBINE=int(combine is not None),
                        ACT=int(self.shape.activation == "silu"), EPS=np.float32(a.norm_eps),
-                       LAYOUT=2, TRACE=int(trace is not None))
+                       LAYOUT=2 if blocks is None else 0, TRACE=int(trace is not None))
+        q = blocks if blocks is not None else self.be.x if quant else dev.scratch
         g = dev.bind(k, src, combine if combine is not None else src,
-                     gain if gain is not None else src, self.be.x if quant else dev.scratch,
+                     gain if gain is not None else src, q,
                      out if out is not None else dev.scratch,
                      trace if trace is not None else dev.scratch)
         return Dispatch("norm", k, g, (1, 1, 1), 4 * n * (2 + (combine is not None)))
@@ -459,19 +464,16 @@ class WgpuBitNet:
         token's activation block) and the mat-mat kernel (``matmat_i2_s.wgsl``, the weights
         read once per :meth:`GpuMatrix.matmat_tokens` tokens); other rows as fused mat-vecs
         with a workgroup per token. (dispatch, grid-z axis) pairs for :meth:`_batch_seq`."""
-        a, dev = self.args, self.dev
+        a = self.args
         act = int(self.shape.activation == "silu")
         tpw = m.matmat_tokens()
         if not tpw:
             return [(d, "z") for d in m.fused_dispatches(
                 src, gain, y, mode, norm=norm, act=act, eps=a.norm_eps, ys=ys, part=part,
                 out_scales=out_scales)]
-        n = m.cols
-        k = dev.kernel("norm_block", fused_subs("", n), COLS=n, QUANT=1, NORM=int(norm),
-                       COMBINE=0, ACT=act, EPS=np.float32(a.norm_eps), LAYOUT=0, TRACE=0)
-        g = dev.bind(k, src, src, gain if gain is not None else src, self.qb, dev.scratch,
-                     dev.scratch)
-        out = [(Dispatch("norm", k, g, (1, 1, 1), 4 * n * 2, label=part), "z")]
+        blocks = self._norm_block(src, gain, m.cols, quant=True, norm=norm, blocks=self.qb)
+        blocks.label = part
+        out = [(blocks, "z")]
         out += [(d, f"t{tpw}") for d in m.matmat_dispatches(
             self.qb, self.state, y, mode, act=act, ys=ys, out_scales=out_scales, part=part)]
         return out

@@ -71,11 +71,11 @@ fn merged4(j: u32) -> vec4<f32> {
     let hv = HD / 4u;
     let rs = hv + 1u;
     let h = j / hv;
-    let b0 = h * SMAX * rs + 1u + j % hv;
     let m = hml[h];
     var acc = vec4<f32>(0.0);
     for (var s = 0u; s < nrun; s++) {
-        acc += A[b0 + s * rs] * exp(A[b0 - 1u - j % hv + s * rs].x - m.x);
+        let run = (h * SMAX + s) * rs;  // (m, l, 0, 0), then o
+        acc += A[run + 1u + j % hv] * exp(A[run].x - m.x);
     }
     return acc / m.y;
 }

@@ -33,12 +33,12 @@ fn unit_dot(w: vec4<u32>, u: u32) -> i32 {
         + dot4words(w, 2u, X[x4 + 2u * upb]) + dot4words(w, 0u, X[x4 + 3u * upb]);
 }
 
-// sum of code * q over row r (first word `base`), lane `lane` of `lanes`; two units in flight
-fn row_dot(base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
+// sum of code * q over the units u0, u0 + lanes, ... of the row starting at vec4 `row`; two
+// units in flight
+fn units_dot(row: u32, u0: u32, lanes: u32) -> i32 {
     let n = COLS / 64u;
-    let row = base / 4u + r * n;
     var acc = 0i;
-    var u = lane;
+    var u = u0;
     for (; u + lanes < n; u += 2u * lanes) {
         let w0 = W[row + u];
         let w1 = W[row + u + lanes];
@@ -47,7 +47,12 @@ fn row_dot(base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
     if (u < n) {
         acc += unit_dot(W[row + u], u);
     }
-    return f32(acc);
+    return acc;
+}
+
+// sum of code * q over row r (first word `base`), lane `lane` of `lanes`
+fn row_dot(base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
+    return f32(units_dot(base / 4u + r * (COLS / 64u), lane, lanes));
 }
 
 // The fused kernels load a lane's first NPRE units of a row before they quantize the
@@ -80,16 +85,7 @@ fn row_dot_pre(p: Pre, base: u32, r: u32, lane: u32, lanes: u32) -> f32 {
             acc += unit_dot(p.w[i], lane + i * lanes);
         }
     }
-    var u = lane + NPRE * lanes;
-    for (; u + lanes < n; u += 2u * lanes) {
-        let w0 = W[row + u];
-        let w1 = W[row + u + lanes];
-        acc += unit_dot(w0, u) + unit_dot(w1, u + lanes);
-    }
-    if (u < n) {
-        acc += unit_dot(W[row + u], u);
-    }
-    return f32(acc);
+    return f32(acc + units_dot(row, lane + NPRE * lanes, lanes));
 }
 
 // the row's value: dot * scale / s (one arithmetic, runtime/backend.py); codes are trit + 1,
