@@ -27,30 +27,15 @@ def cpu_head_backend(E: np.ndarray, gtype: str = "F16", kernel: str | None = Non
                      bits: int | None = None):
     """A :class:`CpuBackend` holding only an LM head ``E`` (float values, stored as gtype),
     screening with ``bits``-bit codes (None: the backend's choice)."""
-    from bitformat.runtime.cpu import batch as B
-    from bitformat.runtime.cpu import head as H
-    from bitformat.runtime.cpu import kernels as K
     from bitformat.runtime.cpu.backend import CpuBackend
 
-    kernel = kernel or K.kernel_mode()
-    be = object.__new__(CpuBackend)
-    be.embed_type = be.head_type = GGMLType[gtype]
     if gtype == "F32":
-        be._E = np.ascontiguousarray(E, np.float32)
+        stored = np.ascontiguousarray(E, np.float32)
     elif gtype == "F16":
-        be._E = np.ascontiguousarray(E, np.float16).view(np.uint16)
+        stored = np.ascontiguousarray(E, np.float16).view(np.uint16)
     else:
-        be._E = (np.ascontiguousarray(E, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    be.vocab, be.dim = E.shape
-    be.kernel = kernel
-    be._head_tokens = B.lm_head_tokens if kernel == "vnni" else None
-    be._lut = None if kernel == "vnni" or gtype == "F32" else H.lut16(gtype)
-    be._screen, be._pickers, be._threads_now, be.threads = None, None, 0, 2
-    be._screen_bits = None
-    be._bounds_scratch, be._bmax = {}, None
-    be._sums_scratch, be._sums = {}, None
-    be._set_threads = lambda n: None
-    be.dtype, be.name = np.float32, "cpu"
+        stored = (np.ascontiguousarray(E, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    be = CpuBackend.head_only(stored, GGMLType[gtype], kernel, threads=2)
     if bits is not None:
         be.screen_bits = bits
     return be
@@ -95,10 +80,15 @@ def test_screen_kernels_match_numpy_reference(kernel, bits, dim):
     E[7] = 0  # a zero row
     E[8, 3] = 1.0  # a row whose codes reach the extremes (+-63 or +-127)
     E[9, 5] = -1.0
+    E[:, 11] *= 8  # an outlier column: the screen scales it (column scales)
     be = cpu_head_backend(E.astype(np.float32), kernel=kernel, bits=bits)
     t = be.screen_tables()
     assert t.bits == bits and t.width == EH.padded(dim)
-    q = EH.quantize_head(E.astype(np.float64), bits)
+    cols = choose(E.astype(np.float32))
+    assert cols is not None and cols[11] > 1
+    assert t.cols is not None and np.array_equal(t.cols, cols)
+    q = EH.quantize_head(E.astype(np.float64), bits, cols)
+    Es = E.astype(np.float64) / cols  # the rows the codes are of
     codes, d, dn, qn, en, bad = q[:6]
     assert np.array_equal(t.codes, codes) and np.array_equal(t.scale, d) and not bad.any()
     assert t.codes.shape == (301, EH.padded(dim) * bits // 8)
@@ -106,13 +96,13 @@ def test_screen_kernels_match_numpy_reference(kernel, bits, dim):
     c8 = t.signed_codes() if bits == 8 else t.fine_codes(np.arange(301))
     assert np.abs(c8).max() == 127 and not c8[:, dim:].any()
     inv = np.divide(1.0, d8, out=np.zeros_like(d8), where=d8 > 0)
-    np.testing.assert_array_equal(c8[:, :dim], np.rint(E.astype(np.float64) * inv[:, None]))
+    np.testing.assert_array_equal(c8[:, :dim], np.rint(Es * inv[:, None]))
     if bits == 7:  # the screen's codes: the odd 4 floor(c / 2) + 1, the plane: c's low bit
         assert np.array_equal(t.fine, q[6][0])
         k = t.signed_codes()[:, :dim]
         assert np.array_equal(k, 4 * np.floor(c8[:, :dim] / 2) + 1)
     ref = EH.ScreenTables.build(codes, d, dn, qn, en, bad, dim, be.head_depth(), 2.0 ** -24,
-                                bits=bits, fine=q[6] if bits == 7 else None)
+                                bits=bits, fine=q[6] if bits == 7 else None, cols=cols)
     np.testing.assert_allclose(t.A, ref.A, rtol=1e-12)
     np.testing.assert_allclose(t.N, ref.N, rtol=1e-12)
     if bits == 7:
@@ -223,6 +213,84 @@ def test_bound_holds_every_row_every_step(kernel, bits, gtype, dim):
     assert st.screened_rows == st.rows and not st.fallbacks
     assert np.mean(st.candidates) < V / 4  # the screen rules most rows out
     assert st.head_bytes < st.steps * st.full_bytes
+
+
+# -- column scales (a trained head's outlier columns) -----------------------------------------
+def outlier_head(rng, V=4096, dim=256, cols=(3, 70, 200), gain=(6.0, 3.0, 8.0),
+                 xcols=(10, 150), xgain=(8.0, 5.0)):
+    """A head like a trained one (Gemma 3 270M's, tools/screen_trained_head.py): Gaussian rows
+    with a few columns much larger in every row, and hidden states with large values of their
+    own in other columns."""
+    E = rng.standard_normal((V, dim)) * 0.03
+    X = rng.standard_normal((300, dim))
+    E[:, cols] *= gain
+    X[:, xcols] *= xgain
+    return E.astype(np.float16).astype(np.float32), X.astype(np.float32)
+
+
+def choose(E: np.ndarray) -> np.ndarray | None:
+    return EH.column_scales(EH.column_maxima(E), E[EH.sample_rows(E.shape[0])])
+
+
+def test_column_scales_are_powers_of_two_for_outlier_columns():
+    rng = np.random.default_rng(1)
+    E, _ = outlier_head(rng)
+    c = choose(E)
+    assert c is not None and set(np.unique(np.log2(c))) <= set(range(-EH.MAX_SHIFT,
+                                                                     EH.MAX_SHIFT + 1))
+    assert c[3] >= 4 and c[70] >= 2 and c[200] >= 4
+    assert (c[[k for k in range(256) if k not in (3, 70, 200)]] == 1).all()
+    # a head without outlier columns keeps its codes: no scales at all
+    assert choose(rng.standard_normal((4096, 64))) is None
+    assert EH.column_scales(np.zeros(8), np.zeros((2, 8))) is None
+    # an all-zero column and an infinite value change nothing
+    E2 = E.copy()
+    E2[:, 5] = 0
+    E2[9, 7] = np.inf
+    c2 = choose(E2)
+    assert c2[5] == 1 and c2[7] == 1 and np.array_equal(c2[[3, 70, 200]], c[[3, 70, 200]])
+    from bitformat.runtime.cpu import head as H
+    from bitformat.runtime.cpu import screen as S
+    assert np.array_equal(S.column_maxima(E2, None), EH.column_maxima(E2))
+    bits16 = np.ascontiguousarray(E2, np.float16).view(np.uint16)
+    assert np.array_equal(S.column_maxima(bits16, H.lut16("F16")), EH.column_maxima(E2))
+    assert np.array_equal(S.column_choice(bits16, H.lut16("F16")), c2)
+
+
+def greedy_candidates(t: EH.ScreenTables, X: np.ndarray) -> np.ndarray:
+    xq, par = t.prepare(X)
+    lo, hi = EH.bounds_numpy(t, xq, par)
+    return (hi >= lo.max(axis=1, keepdims=True)).sum(axis=1)
+
+
+def test_column_scales_narrow_the_screen_of_an_outlier_head():
+    rng = np.random.default_rng(2)
+    E, X = outlier_head(rng)
+    dim = E.shape[1]
+    cols = choose(E)
+    plain = EH.ScreenTables.build(*EH.quantize_head(E), dim, dim + 2, 2.0 ** -24)
+    scaled = EH.ScreenTables.build(*EH.quantize_head(E, cols=cols), dim, dim + 2, 2.0 ** -24,
+                                   cols=cols)
+    exact = X.astype(np.float64) @ E.astype(np.float64).T
+    for t in (plain, scaled):  # both rigorous
+        xq, par = t.prepare(X)
+        lo, hi = EH.bounds_numpy(t, xq, par)
+        assert ((lo <= exact) & (exact <= hi)).all()
+    n0, n1 = greedy_candidates(plain, X), greedy_candidates(scaled, X)
+    assert n1.mean() * 3 < n0.mean() and np.percentile(n1, 99) < np.percentile(n0, 99)
+
+
+@pytest.mark.parametrize("kernel,bits", screens())
+def test_outlier_head_checked_on_every_step(kernel, bits):
+    rng = np.random.default_rng(4)
+    E, X = outlier_head(rng, V=2048)
+    be = cpu_head_backend(E, "F16", kernel, bits)
+    head = Head(be, "screened", check=True)
+    for name, p in SAMPLINGS.items():
+        run_steps(head, X[:300 if name == "greedy" else 60], p)
+    t = be.screen_tables()
+    assert t.cols is not None
+    assert not head.stats.fallbacks and np.mean(head.stats.candidates) < 2048 / 8
 
 
 # -- adversarial heads ---------------------------------------------------------------------------

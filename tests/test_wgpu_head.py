@@ -70,7 +70,7 @@ def wgpu_head_backend(dev, E: np.ndarray, gtype: str = "F16"):
 def test_screen_and_rows_kernels(devices, lanes, max_binding, gtype, dim):
     """The screen's sums give the numpy reference's bounds bit for bit; the rescoring kernel
     returns lm_head.wgsl's bits for any subset of rows (odd pairs and f32 tails included)."""
-    from bitformat.runtime.cpu.screen import quantize_f32
+    from bitformat.runtime.cpu.screen import quantize_bits
 
     rng = np.random.default_rng(dim)
     V = 1500
@@ -85,8 +85,8 @@ def test_screen_and_rows_kernels(devices, lanes, max_binding, gtype, dim):
     assert np.array_equal(t.codes, ref[0]) and np.array_equal(t.scale, ref[1])
     codes2 = np.empty_like(t.codes)  # and the cpu backend's quantizer agrees
     none = (np.empty((0, 0), np.uint8), np.empty(0), np.empty(0))
-    quantize_f32(vals, codes2, none[0], *(np.empty(V) for _ in range(4)), np.empty(V, np.uint8),
-                 *none[1:], 8)
+    quantize_bits(vals, None, codes2, none[0], *(np.empty(V) for _ in range(4)),
+                  np.empty(V, np.uint8), *none[1:], 8)
     assert np.array_equal(codes2, t.codes)
     h = (rng.standard_normal((3, dim)) * [[1], [1e-3], [40]]).astype(np.float32)
     xq, par = t.prepare(h)

@@ -241,7 +241,7 @@ def model_name(model, path: str) -> str:
 def synth_note(name: str) -> str:
     """What the model is, for the section's first paragraph."""
     return (f"`{name}`: `bitformat synth --preset 2b4t`, i2_s; its f16 head is a random "
-            "Gaussian 128,256 x 2,560 matrix, flat logits, the hardest case for screening"
+            "Gaussian 128,256 x 2,560 matrix, without a trained head's outlier columns"
             if "synth" in name else f"`{name}`, i2_s")
 
 

@@ -75,6 +75,51 @@ def split_hidden(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     return xq, np.array([1.0 / (FINE * s), nx, ndx, 0.0, q1.sum(), q2.sum()])
 
 
+#: column scales are powers of two 2^j with |j| at most this: e / 2^j and x 2^j stay exact in
+#: float64 for every f16, bf16 and f32 value
+MAX_SHIFT = 40
+
+
+#: the exponents tried for the column scales (:func:`column_scales`)
+COLUMN_POWERS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25)
+
+
+def column_scales(colmax: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
+    """Per column of the head, the power of two ``c_k`` that the screen divides the column by
+    (and multiplies the hidden state's value by), or None: every ``c_k`` is 1.
+
+    ``e . x = (e / c) . (x c)`` exactly, so the bound's proof holds for the scaled pair
+    (docs/exact-head.md, "Column scales"). A row's int8 step ``d`` follows its largest value:
+    a trained head's few large columns set it for every row, and the rounding of all the
+    other columns then makes the Cauchy-Schwarz bound ``||e - d c|| ||x||`` loose. Scaling a
+    column down by ``c_k`` shrinks ``d`` but grows ``x``'s value in that column, so the scales
+    are ``c_k = 2^round(p log2(colmax_k / median))`` from the columns' largest magnitudes
+    ``colmax`` [dim], with the power p in :data:`COLUMN_POWERS` that minimizes the bound's
+    size for a hidden state without outliers of its own, ``mean_v max_k |e_vk| / c_k * ||c||``
+    over ``rows`` (float64, a sample of the head's finite rows). p = 0 is no scaling.
+    """
+    colmax = np.asarray(colmax, np.float64)
+    ok = (colmax > 0) & np.isfinite(colmax)
+    if not ok.any():
+        return None
+    ratio = np.log2(np.where(ok, colmax / np.median(colmax[ok]), 1.0))
+    rows = np.abs(np.asarray(rows, np.float64))
+    rows = rows[np.isfinite(rows).all(axis=1)]
+    best, cost = None, math.inf
+    for p in COLUMN_POWERS:
+        j = np.clip(np.rint(p * ratio), -MAX_SHIFT, MAX_SHIFT)
+        c = np.exp2(j)
+        size = (rows / c).max(axis=1, initial=0.0).mean() * math.sqrt(float(np.dot(c, c)))
+        if size < cost * (1 - 1e-9):  # ties keep the smaller power (no scaling first)
+            best, cost = (c if j.any() else None), size
+    return best
+
+
+def sample_rows(V: int, n: int = 4096) -> np.ndarray:
+    """Up to n row ids spread evenly over a head of V rows (:func:`column_scales`' sample)."""
+    return np.unique(np.linspace(0, V - 1, min(V, n)).astype(np.int64))
+
+
 def padded(dim: int) -> int:
     """Codes per row of the screen: ``dim`` rounded up to 64 (one vpdpbusd)."""
     return -(-dim // 64) * 64
@@ -164,12 +209,19 @@ class ScreenTables:
     fine: np.ndarray | None = None  # int7: uint8 [V, width / 8], bit i of byte j: b of value 8j+i
     fine_A: np.ndarray | None = None  # int7: the int8 codes' A and N
     fine_N: np.ndarray | None = None
+    #: float64 [dim] powers of two (:func:`column_scales`): the codes are of ``e / cols``, the
+    #: screen reads ``x * cols``; None: no column scales
+    cols: np.ndarray | None = None
 
     @classmethod
     def build(cls, codes, scale, dnorm, qnorm, enorm, bad, dim: int, depth: int,
               unit: float, *, flushed=None, flush_x: bool = False, bits: int = 8,
-              fine=None) -> ScreenTables:
+              fine=None, cols=None) -> ScreenTables:
         """From the exact-math pieces (float64, as evaluated): rounds every term up.
+
+        With column scales ``cols`` (:func:`column_scales`) every piece is of the scaled rows
+        ``e / cols`` (``enorm`` too: the full kernel's rounding is bounded through
+        ``sum |e_k x_k| = sum |e'_k x'_k| <= ||e'|| ||x'||``), and so is ``flushed``.
 
         For a full kernel that may flush subnormal inputs to zero (wgpu: Vulkan allows it):
         ``flushed`` [V], the norm of each row's values it may flush (added to the row's bound
@@ -188,9 +240,14 @@ class ScreenTables:
         rel = norm_slack(dim)
         good = ~np.asarray(bad, bool)
         max_enorm = float(enorm[good].max()) if good.any() else 0.0
-        slack = 2 * math.sqrt(dim) * max_enorm * (1 + rel) * 2.0 ** -126 if flush_x else 0.0
+        # x's flushed values move a logit by at most sum_k |e_k| 2^-126 = sum_k |e'_k| c_k
+        # 2^-126 <= ||e'|| ||c|| 2^-126 (||c|| = sqrt(dim) without column scales)
+        ncols = math.sqrt(dim) if cols is None else math.sqrt(float(np.dot(cols, cols)))
+        slack = 2 * ncols * max_enorm * (1 + rel) * 2.0 ** -126 if flush_x else 0.0
+        if cols is not None:
+            cols = np.asarray(cols, np.float64)
         return cls(codes, scale, A, N, max_enorm, int((~good).sum()), depth, unit, slack, bits,
-                   plane, fine_A, fine_N)
+                   plane, fine_A, fine_N, cols)
 
     @property
     def width(self) -> int:
@@ -232,21 +289,33 @@ class ScreenTables:
         xq = np.empty((h.shape[0], 2, width), np.int8)
         par = np.empty((h.shape[0], 6))
         for t in range(h.shape[0]):
+            # x * cols: exact in float64 (powers of two within MAX_SHIFT)
+            x = h[t] if self.cols is None else np.asarray(h[t], np.float64) * self.cols
             if split is None:
-                xq[t], par[t] = split_hidden(h[t], width)
+                xq[t], par[t] = split_hidden(x, width)
             else:
-                split(h[t], xq[t], par[t])
+                split(x, xq[t], par[t])
             if not np.isfinite(par[t, 1]) or self.max_enorm * par[t, 1] * 2 > OVERFLOW:
                 return None
         par[:, 3] = self.absolute_slack()
         return xq, par
 
 
-def quantize_head(E: np.ndarray, bits: int = 8) -> tuple[np.ndarray, ...]:
+def column_maxima(E: np.ndarray) -> np.ndarray:
+    """float64 [dim]: each column's largest finite magnitude (0 where it has none)."""
+    E = np.abs(np.asarray(E, dtype=np.float64))
+    return np.where(np.isfinite(E), E, 0.0).max(axis=0, initial=0.0)
+
+
+def quantize_head(E: np.ndarray, bits: int = 8, cols: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, ...]:
     """numpy reference of :func:`.cpu.screen.quantize_bits`: rows of ``E`` (float values) ->
     ``(codes, scale, ||e - s k||, ||s k||, ||e||, bad)`` (:class:`ScreenTables`), and for
-    ``bits`` 7 also ``(bit plane, ||e - d c||, ||d c||)`` of the int8 codes."""
+    ``bits`` 7 also ``(bit plane, ||e - d c||, ||d c||)`` of the int8 codes. With column
+    scales ``cols``, all of it is of the rows ``e / cols`` (exact)."""
     E = np.asarray(E, dtype=np.float64)
+    if cols is not None:
+        E = E * (1.0 / np.asarray(cols, np.float64))
     V, h = E.shape
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(E).all(axis=1)

@@ -97,8 +97,9 @@ class NumpyBackend(Backend):
             E = self.head_weights(np.arange(self.vocab)).astype(np.float64)
             unit = 2.0 ** -24 if self.dtype == np.float32 else 2.0 ** -53
             # BLAS sums in an order of its own: any tree of dim products
-            self._screen = EH.ScreenTables.build(*EH.quantize_head(E), self.dim, self.dim + 2,
-                                                 unit)
+            cols = EH.column_scales(EH.column_maxima(E), E[EH.sample_rows(self.vocab)])
+            self._screen = EH.ScreenTables.build(*EH.quantize_head(E, cols=cols), self.dim,
+                                                 self.dim + 2, unit, cols=cols)
         return self._screen
 
     def head_bounds(self, t, xq, par):

@@ -217,6 +217,9 @@ class CpuBackend(Backend):
         self._lut_f16: np.ndarray | None = None  # f16 -> f32 of every pattern (q2_0 kernel)
         self._screen: EH.ScreenTables | None = None
         self._screen_bits: int | None = None  # screen_bits
+        #: the screen scales outlier columns (head.column_scales); False: per-row codes only
+        #: (benchmarks that compare the two)
+        self.screen_columns = True
         self._bounds_scratch: dict = {}  # T -> (lo, hi) of head_bounds
         self._bmax = None  # (lo, hi, block maxima) of the last head_bounds
         self._sums_scratch: dict = {}  # T -> int32 [T, V, 2]: an int7 screen's sums
@@ -231,6 +234,41 @@ class CpuBackend(Backend):
             self._lut = None if self.kernel in ("vnni", "avx2") else H.lut16(et.name)
         else:
             self._E = None  # plain_array raises a clear error in lm_head
+
+    @classmethod
+    def head_only(cls, E: np.ndarray, gtype: GGMLType, kernel: str | None = None,
+                  threads: int | None = None) -> CpuBackend:
+        """A backend holding only an LM head, for the screened head's tools and tests: ``E``
+        the head's stored values [V, dim] (uint16 bits for F16 and BF16, float32 for F32),
+        run by this CPU's head and screen kernels (``kernel``: a build, default this CPU's)
+        exactly as a loaded model's head runs them. It has no layers: only the head's methods
+        (``lm_head``, ``screen_tables``, ``head_bounds``, ``head_rows``, ...) work."""
+        load_tbb()  # as __init__: before numba starts its threads
+        import numba
+
+        be = object.__new__(cls)
+        be.model = None
+        be.embed_type = be.head_type = gtype
+        be.head_name = "token_embd.weight"
+        be._E = np.ascontiguousarray(E)
+        be._head_raw = be._E.view(np.uint8)
+        be.vocab, be.dim = E.shape
+        be.dtype, be.no_screen, be.head_nbytes = np.float32, None, None
+        be._set_threads = numba.set_num_threads
+        limit = numba.config.NUMBA_NUM_THREADS
+        be.threads = max(1, min(int(threads), limit)) if threads else limit
+        be._pickers = {} if threads is None and be.threads > 1 else None
+        be._threads_now = 0
+        be.kernel = kernel or K.kernel_mode()
+        vnni = be.kernel == "vnni"
+        be._head_tokens = B.lm_head_tokens if vnni else None
+        be.amx = vnni and A.available()
+        be._lut = None if be.kernel in ("vnni", "avx2") or gtype == GGMLType.F32 else (
+            H.lut16(gtype.name))
+        be._lut_f16 = be._screen = be._screen_bits = be._bmax = be._sums = None
+        be._bounds_scratch, be._sums_scratch = {}, {}
+        be.screen_columns = True
+        return be
 
     def _arena_bytes(self) -> list[int]:
         """What each ternary matrix takes in the arena: its container bytes, or for rans
@@ -737,9 +775,10 @@ class CpuBackend(Backend):
             lut = None
             if E.dtype == np.uint16:
                 lut = self._lut if self._lut is not None else H.lut16(self.head_type.name)
-            *parts, fine = S.quantize_rows(E, lut, self.dim, bits)
+            cols = S.column_choice(E, lut) if self.screen_columns else None
+            *parts, fine = S.quantize_rows(E, lut, self.dim, bits, cols)
             self._screen = EH.ScreenTables.build(*parts, self.dim, self.head_depth(),
-                                                 2.0 ** -24, bits=bits, fine=fine)
+                                                 2.0 ** -24, bits=bits, fine=fine, cols=cols)
         return self._screen
 
     def head_bounds(self, t: EH.ScreenTables, xq: np.ndarray, par: np.ndarray

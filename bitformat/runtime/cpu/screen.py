@@ -120,63 +120,114 @@ def _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, f
 
 
 @njit(cache=True, nogil=True)
-def _quantize_span(E, lut, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits,
-                   v0, v1):
-    """Rows v0 .. v1 - 1 of ``E`` (uint16 bits valued by ``lut``): one thread's share of
-    :func:`quantize_bits`."""
+def _quantize_span(E, lut, icols, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn,
+                   bits, v0, v1):
+    """Rows v0 .. v1 - 1 of ``E`` (uint16 bits valued by ``lut``), each value times
+    ``icols[k]`` (1 / its column scale: exact): one thread's share of :func:`quantize_bits`."""
     h = E.shape[1]
     e = np.empty(h)
     for v in range(v0, v1):
         for k in range(h):
-            e[k] = lut[E[v, k]]
+            e[k] = lut[E[v, k]] * icols[k]
         _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn)
 
 
 @njit(cache=True, nogil=True)
-def _quantize_span_f32(E, lut, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits,
-                       v0, v1):
+def _quantize_span_f32(E, lut, icols, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn,
+                       bits, v0, v1):
     """:func:`_quantize_span` for float rows (``lut`` unused)."""
     h = E.shape[1]
     e = np.empty(h)
     for v in range(v0, v1):
         for k in range(h):
-            e[k] = E[v, k]
+            e[k] = np.float64(E[v, k]) * icols[k]
         _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn)
 
 
-def quantize_bits(E, lut, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits,
-                  threads: int | None = None) -> None:
-    """Rows of ``E`` (uint16 bits, valued by ``lut``) into ``bits``-bit ``codes`` (int8:
-    uint8 ``c + 128``, padding 128; int7: :func:`_store_row`), ``scale`` d, ``||e - d c||``,
-    ``||d c||``, ``||e||`` (float64, as evaluated) and ``bad[v]`` = 1 where the row holds a
-    NaN or an infinity (its codes are then 0). ``plane``, ``fdn``, ``fqn``: int7 only (else
-    empty). The rows are split over ``threads`` (default: the CPU count) Python threads running
-    one compiled, GIL-free loop each: numba's ``prange`` took 7.5 s to compile against 3 s for
-    the same loop (2-core AMD EPYC), and a first run compiles this while it loads the model."""
-    V = E.shape[0]
-    span = _quantize_span if E.dtype == np.uint16 else _quantize_span_f32
-    n = max(1, min(threads or os.cpu_count() or 1, V // 1024 or 1))
+@njit(inline="always")
+def _column_fold(a, out, k):
+    if a > out[k] and math.isfinite(a):
+        out[k] = a
+
+
+@njit(cache=True, nogil=True)
+def _column_span(E, lut, out, v0, v1):
+    """Columns' largest finite magnitudes over rows v0 .. v1 - 1 of ``E`` (uint16 bits valued
+    by ``lut``) into ``out`` [dim]."""
+    for v in range(v0, v1):
+        for k in range(E.shape[1]):
+            _column_fold(abs(np.float64(lut[E[v, k]])), out, k)
+
+
+@njit(cache=True, nogil=True)
+def _column_span_f32(E, lut, out, v0, v1):
+    """:func:`_column_span` for float rows (``lut`` unused)."""
+    for v in range(v0, v1):
+        for k in range(E.shape[1]):
+            _column_fold(abs(np.float64(E[v, k])), out, k)
+
+
+def _spans(span, V: int, args: list, threads: int | None) -> None:
+    """``span(*args[i], v0, v1)`` over rows 0 .. V split into shares, one Python thread each
+    running one compiled, GIL-free loop (numba's ``prange`` took 7.5 s to compile against 3 s
+    for the same loop, 2-core AMD EPYC; a first run compiles this while it loads the model).
+    ``args`` holds one tuple of arguments per share."""
+    n = len(args)
     bounds = [V * i // n for i in range(n + 1)]
-    args = (E, lut, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits)
     if n == 1:
-        span(*args, 0, V)
+        span(*args[0], 0, V)
         return
     with ThreadPoolExecutor(n) as pool:
-        for f in [pool.submit(span, *args, bounds[i], bounds[i + 1]) for i in range(n)]:
+        for f in [pool.submit(span, *args[i], bounds[i], bounds[i + 1]) for i in range(n)]:
             f.result()
 
 
-def quantize_f32(E, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits,
-                 threads: int | None = None) -> None:
-    """:func:`quantize_bits` for float32 rows."""
-    quantize_bits(E, np.empty(0), codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn,
-                  bits, threads)
+def _shares(V: int, threads: int | None) -> int:
+    return max(1, min(threads or os.cpu_count() or 1, V // 1024 or 1))
 
 
-def quantize_rows(E, lut, dim: int, bits: int = 8) -> tuple:
+def column_maxima(E, lut, threads: int | None = None) -> np.ndarray:
+    """float64 [dim]: each column's largest finite magnitude among rows ``E`` (uint16 bits
+    valued by ``lut``, or float32 with ``lut`` None): :func:`..head.column_maxima`."""
+    lut = np.empty(0, np.float32) if lut is None else lut
+    outs = [np.zeros(E.shape[1]) for _ in range(_shares(E.shape[0], threads))]
+    span = _column_span if E.dtype == np.uint16 else _column_span_f32
+    _spans(span, E.shape[0], [(E, lut, o) for o in outs], threads)
+    return np.max(outs, axis=0)
+
+
+def column_choice(E, lut) -> np.ndarray | None:
+    """The column scales of head rows ``E`` (uint16 bits valued by ``lut``, or float32 with
+    ``lut`` None): :func:`..head.column_scales` of their column maxima and a row sample."""
+    from ..head import column_scales, sample_rows
+
+    rows = E[sample_rows(E.shape[0])]
+    rows = lut[rows] if lut is not None else rows
+    return column_scales(column_maxima(E, lut), rows.astype(np.float64))
+
+
+def quantize_bits(E, lut, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits,
+                  threads: int | None = None, cols=None) -> None:
+    """Rows of ``E`` (uint16 bits, valued by ``lut``; float32 where ``lut`` is None) into
+    ``bits``-bit ``codes`` (int8: uint8 ``c + 128``, padding 128; int7: :func:`_store_row`),
+    ``scale`` d, ``||e - d c||``, ``||d c||``, ``||e||`` (float64, as evaluated) and
+    ``bad[v]`` = 1 where the row holds a NaN or an infinity (its codes are then 0).
+    ``plane``, ``fdn``, ``fqn``: int7 only (else empty). With column scales ``cols``
+    (:func:`..head.column_scales`) all of it is of the rows ``e / cols``. The rows are split
+    over ``threads`` (default: the CPU count)."""
+    V = E.shape[0]
+    lut = np.empty(0, np.float32) if lut is None else lut
+    icols = np.ones(E.shape[1]) if cols is None else 1.0 / np.asarray(cols, np.float64)
+    args = (E, lut, icols, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits)
+    span = _quantize_span if E.dtype == np.uint16 else _quantize_span_f32
+    _spans(span, V, [args] * _shares(V, threads), threads)
+
+
+def quantize_rows(E, lut, dim: int, bits: int = 8, cols=None) -> tuple:
     """The pieces of :meth:`..head.ScreenTables.build` for head rows ``E`` (uint16 bits
-    valued by ``lut``, or float32): ``(codes, scale, dnorm, qnorm, enorm, bad, fine)``, with
-    ``fine`` = (bit plane, int8 dnorm, int8 qnorm) for ``bits`` 7, else None."""
+    valued by ``lut``, or float32 with ``lut`` None): ``(codes, scale, dnorm, qnorm, enorm,
+    bad, fine)``, with ``fine`` = (bit plane, int8 dnorm, int8 qnorm) for ``bits`` 7, else
+    None; of the rows ``e / cols`` where column scales ``cols`` are given."""
     from ..head import code_buffer, padded, row_bytes
 
     V = E.shape[0]
@@ -186,10 +237,7 @@ def quantize_rows(E, lut, dim: int, bits: int = 8) -> tuple:
     nested = V if bits == 7 else 0  # int7: the int8 codes' low bits and norms too
     plane = np.empty((nested, padded(dim) // 8), np.uint8)
     fdn, fqn = np.empty(nested), np.empty(nested)
-    if E.dtype == np.uint16:
-        quantize_bits(E, lut, codes, plane, scale, dn, qn, en, bad, fdn, fqn, bits)
-    else:
-        quantize_f32(E, codes, plane, scale, dn, qn, en, bad, fdn, fqn, bits)
+    quantize_bits(E, lut, codes, plane, scale, dn, qn, en, bad, fdn, fqn, bits, cols=cols)
     return codes, scale, dn, qn, en, bad, ((plane, fdn, fqn) if nested else None)
 
 

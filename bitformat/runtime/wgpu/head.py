@@ -40,18 +40,20 @@ SUBNORMAL = {GGMLType.F16: 2.0 ** -14, GGMLType.BF16: 2.0 ** -126, GGMLType.F32:
 
 
 def flushed_norms(rows: np.ndarray, gtype: GGMLType, values: np.ndarray | None = None,
-                  block: int = 4096) -> np.ndarray:
+                  block: int = 4096, cols: np.ndarray | None = None) -> np.ndarray:
     """Per row, the norm of the values that a device flushing subnormals may read as 0.
 
     ``rows``: the head's stored words (uint16 bits for F16/BF16, float32 for F32) [V, dim];
-    ``values``: the float32 value of every 16-bit pattern (F16/BF16)."""
+    ``values``: the float32 value of every 16-bit pattern (F16/BF16). With column scales
+    ``cols``: the norm of those values divided by their column's scale (the screen's rows)."""
     V = rows.shape[0]
     out = np.empty(V)
     lim = SUBNORMAL[gtype]
+    icols = 1.0 if cols is None else 1.0 / np.asarray(cols, np.float64)
     for v0 in range(0, V, block):
         r = rows[v0: v0 + block]
         e = (values[r] if values is not None else r).astype(np.float64)
-        e = np.where(np.abs(e) < lim, e, 0.0)
+        e = np.where(np.abs(e) < lim, e, 0.0) * icols
         out[v0: v0 + block] = np.sqrt((e * e).sum(axis=1))
     return out
 
@@ -74,10 +76,13 @@ class GpuScreenedHead:
         else:
             E = np.ascontiguousarray(rows).view("<u2").reshape(V, dim)
             lut = H.lut16(gtype.name)
-        *parts, _ = S.quantize_rows(E, lut, dim)  # int8 codes (the device reads no int7)
+        cols = S.column_choice(E, lut)
+        # int8 codes (the device reads no int7)
+        *parts, _ = S.quantize_rows(E, lut, dim, cols=cols)
         codes = parts[0]
         self.tables = EH.ScreenTables.build(*parts, dim, self.depth(dim), UNIT,
-                                            flushed=flushed_norms(E, gtype, lut), flush_x=True)
+                                            flushed=flushed_norms(E, gtype, lut, cols=cols),
+                                            flush_x=True, cols=cols)
         self.width, self.w4 = width, width // 4
         if 2 * self.w4 > UNIFORM_WORDS:  # q1 and q2 share one 64 KiB block
             raise ValueError(f"a screen of width {width} exceeds the 64 KiB input block")
