@@ -293,6 +293,68 @@ def test_outlier_head_checked_on_every_step(kernel, bits):
     assert not head.stats.fallbacks and np.mean(head.stats.candidates) < 2048 / 8
 
 
+# -- the water-filling bound ---------------------------------------------------------------------
+def waterfill_exact(x: np.ndarray, n: float) -> float:
+    """max sum w_k |x_k| over 0 <= w_k <= 1, sum w_k^2 <= n: w_k = min(1, lam |x_k|), lam by
+    bisection (float64; the reference the table must bound)."""
+    a = np.abs(x)
+    nz = a[a > 0]
+    if nz.size <= n:  # every nonzero value saturated
+        return float(a.sum())
+    lo, hi = 0.0, 1.0 / nz.min()  # lam = hi saturates all of them
+    for _ in range(200):
+        lam = (lo + hi) / 2
+        w = np.minimum(1.0, lam * a)
+        if (w * w).sum() > n:
+            hi = lam
+        else:
+            lo = lam
+    return float((np.minimum(1.0, lo * a) * a).sum())
+
+
+@pytest.mark.parametrize("case", ["gaussian", "outliers", "one", "zeros", "tiny"])
+def test_waterfill_table_bounds_the_optimum(case):
+    rng = np.random.default_rng(5)
+    dim = 200
+    x = rng.standard_normal(dim)
+    if case == "outliers":
+        x[[3, 50, 51]] *= [300, -80, 40]
+    elif case == "one":
+        x[:] = 0
+        x[7] = -5.0
+    elif case == "zeros":
+        x[:] = 0
+    elif case == "tiny":
+        x *= 1e-300
+    G = EH.waterfill_table(x)
+    n = np.arange(EH.WF_GRID + 1) * dim / EH.WF_GRID
+    assert G[0] == 0 and (np.diff(G) >= 0).all()
+    top = np.abs(x).max() or 1.0
+    cs = np.sqrt(n) * np.linalg.norm(x / top) * top  # (scaled: the tiny case's squares)
+    assert (G <= cs * (1 + 1e-12)).all()  # never looser than Cauchy-Schwarz
+    for j in (1, 17, 100, 333, EH.WF_GRID // 2, EH.WF_GRID):
+        assert waterfill_exact(x, n[j]) <= G[j]
+    if case == "outliers":  # and much tighter where a few values dominate
+        j = np.searchsorted(n, dim / 3)
+        assert G[j] < 0.5 * cs[j]
+
+
+def test_waterfill_narrows_an_outlier_hidden_state():
+    rng = np.random.default_rng(6)
+    E, X = outlier_head(rng, xgain=(60.0, 30.0))
+    dim = E.shape[1]
+    t = EH.ScreenTables.build(*EH.quantize_head(E), dim, dim + 2, 2.0 ** -24)
+    exact = X.astype(np.float64) @ E.astype(np.float64).T
+    xq, par = t.prepare(X)
+    lo, hi = EH.bounds_numpy(t, xq, par)
+    ids = np.arange(E.shape[0])
+    lo3, hi3 = t.waterfill(X, ids, lo, hi, par)
+    assert ((lo3 <= exact) & (exact <= hi3)).all()
+    assert (lo3 >= lo).all() and (hi3 <= hi).all()
+    ratio = ((hi3 - lo3) / (hi - lo)).mean()
+    assert ratio < 0.65, ratio  # x's two large values: much tighter
+
+
 # -- adversarial heads ---------------------------------------------------------------------------
 def adversarial_head(rng, V=1024, dim=128):
     E = (rng.standard_normal((V, dim)) * 0.02).astype(np.float16)

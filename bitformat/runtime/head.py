@@ -184,6 +184,64 @@ def bound_terms(dnorm, qnorm, enorm, scale, qmax: int, dim: int, depth: int, uni
     return A, qnorm * (1 + rel) * (1 + REL)
 
 
+#: the water-filling bound's grid: n = j dim / WF_GRID, j = 0 .. WF_GRID
+WF_GRID = 1024
+#: the largest values of |x| it saturates one by one (the minimum over m below)
+WF_SATURATED = 64
+
+
+def waterfill_terms(d, dnorm, enorm, dim: int, depth: int, unit: float, flushed=None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of int8 codes at scale ``d`` (float64 [V]) with ``||e - d c|| = dnorm`` (as
+    evaluated): ``(m, j, rest)`` of :meth:`ScreenTables.waterfill`, each rounded up.
+
+    Every value's error is at most ``m = d / 2`` (``c`` is the nearest code; the evaluated
+    quotient is within a few ulps, the ``2^-40`` covers them), so ``w_k = |δe_k| / m`` lies in
+    [0, 1] with ``sum w_k^2 <= n = (||δe|| / m)^2``; ``j`` is n's grid index rounded up."""
+    d = np.asarray(d, np.float64)
+    rel = norm_slack(dim)
+    m = d * 0.5 * (1 + 2.0 ** -40)
+    R = np.asarray(dnorm, np.float64) * (1 + rel) + math.sqrt(dim) * 127 * d * 2.0 ** -50
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n = np.where(m > 0, (R / np.where(m > 0, m, 1.0)) ** 2 * (1 + 2.0 ** -40), 0.0)
+    j = np.minimum(np.ceil(np.minimum(n, dim) * (WF_GRID / dim) * (1 + 2.0 ** -40)),
+                   WF_GRID).astype(np.int64)
+    du = depth * unit
+    rest = du / (1 - du) * np.asarray(enorm, np.float64) * (1 + rel)
+    if flushed is not None:
+        rest = rest + np.asarray(flushed, np.float64) * (1 + rel)
+    return m, j, rest * (1 + REL)
+
+
+def waterfill_table(x: np.ndarray) -> np.ndarray:
+    """float64 [WF_GRID + 1]: upper bounds ``G_j >= max sum_k w_k |x_k|`` over ``0 <= w_k <=
+    1``, ``sum w_k^2 <= n_j = j dim / WF_GRID``, for the screen's input ``x`` (float64 [dim]).
+
+    For the m largest ``|x_k|`` (any m) and the rest: ``sum w_k |x_k| <= S1(m) + sqrt(sum_{rest}
+    w_k^2) sqrt(T2(m)) <= S1(m) + sqrt(n T2(m))``, with ``S1`` the sum of the m largest and
+    ``T2`` the sum of squares of the others (Cauchy-Schwarz on the rest); G is the smallest
+    over m = 0 .. WF_SATURATED (m = 0: Cauchy-Schwarz itself, ``sqrt(n) ||x||``). Every sum
+    of at most dim float64 terms is within (dim + 2) 2^-53 of its value, the square root and
+    product within 2^-50: the factor covers them."""
+    a = np.sort(np.abs(np.asarray(x, np.float64)))[::-1]
+    n = np.arange(WF_GRID + 1) * (a.size / WF_GRID)
+    if a.size == 0 or a[0] == 0:
+        return np.zeros(WF_GRID + 1)
+    # G is homogeneous: work on a / 2^e (exact), the largest value in [0.5, 1), so no square
+    # of a value above 2^-500 of it underflows; the smaller ones add at most 2^-1000 each
+    e = math.frexp(float(a[0]))[1]
+    a = np.ldexp(a, -e)
+    k = min(a.size, WF_SATURATED)
+    s1 = np.concatenate([[0.0], np.cumsum(a[:k])])
+    sq = a * a
+    t2 = np.concatenate([[sq.sum()], sq.sum() - np.cumsum(sq[:k])])
+    t2 = np.maximum(t2, 0.0)
+    # the tail sums by subtraction lose up to ulp(sum sq) each: add it back
+    t2 = t2 + sq.sum() * (a.size + 2) * 2.0 ** -52 + a.size * 2.0 ** -1000
+    G = np.min(s1[:, None] + np.sqrt(n[None, :] * t2[:, None]), axis=0)
+    return np.ldexp(G * (1 + (a.size + 8) * 2.0 ** -52 + REL), e)
+
+
 @dataclass
 class ScreenTables:
     """The int8 (int7) copy of the head and what bounds each row's error (built at load).
@@ -212,6 +270,13 @@ class ScreenTables:
     #: float64 [dim] powers of two (:func:`column_scales`): the codes are of ``e / cols``, the
     #: screen reads ``x * cols``; None: no column scales
     cols: np.ndarray | None = None
+    #: the water-filling bound of the int8 codes (:meth:`waterfill`), per row: the largest
+    #: error of one value, the grid index of (||e - d c|| / that)^2, the other terms per unit
+    #: of ||x|| (the full kernel's rounding, flushed values) and of ||x - x^||
+    wf_m: np.ndarray | None = None
+    wf_j: np.ndarray | None = None
+    wf_rest: np.ndarray | None = None
+    wf_N: np.ndarray | None = None
 
     @classmethod
     def build(cls, codes, scale, dnorm, qnorm, enorm, bad, dim: int, depth: int,
@@ -246,8 +311,10 @@ class ScreenTables:
         slack = 2 * ncols * max_enorm * (1 + rel) * 2.0 ** -126 if flush_x else 0.0
         if cols is not None:
             cols = np.asarray(cols, np.float64)
+        d8, dn8, N8 = ((scale, dnorm, N) if bits == 8 else (2 * scale, fine[1], fine_N))
+        wf = waterfill_terms(d8, dn8, enorm, dim, depth, unit, flushed)
         return cls(codes, scale, A, N, max_enorm, int((~good).sum()), depth, unit, slack, bits,
-                   plane, fine_A, fine_N, cols)
+                   plane, fine_A, fine_N, cols, *wf, N8)
 
     @property
     def width(self) -> int:
@@ -290,7 +357,7 @@ class ScreenTables:
         par = np.empty((h.shape[0], 6))
         for t in range(h.shape[0]):
             # x * cols: exact in float64 (powers of two within MAX_SHIFT)
-            x = h[t] if self.cols is None else np.asarray(h[t], np.float64) * self.cols
+            x = h[t] if self.cols is None else self.scaled(h[t])
             if split is None:
                 xq[t], par[t] = split_hidden(x, width)
             else:
@@ -299,6 +366,33 @@ class ScreenTables:
                 return None
         par[:, 3] = self.absolute_slack()
         return xq, par
+
+    def scaled(self, h: np.ndarray) -> np.ndarray:
+        """The screen's input: hidden states ``h`` [n, dim] times the column scales (float64,
+        exact)."""
+        h = np.asarray(h, np.float64)
+        return h if self.cols is None else h * self.cols
+
+    def waterfill(self, h: np.ndarray, ids: np.ndarray, lo8: np.ndarray, hi8: np.ndarray,
+                  par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tighter bounds ``(lo, hi)`` [n, len(ids)] of rows ``ids`` from their int8 codes'
+        bounds ``lo8``, ``hi8`` (as :func:`bounds_from_sums` computed them) and the hidden
+        states ``h`` [n, dim] (docs/exact-head.md, "The water-filling bound").
+
+        Cauchy-Schwarz bounds ``|δe . x|`` by ``||δe|| ||x||`` as if the rounding errors could
+        all line up with x; but each is at most ``m = d / 2``, so with ``w_k = |δe_k| / m``,
+        ``|δe . x| <= m sum w_k |x_k| <= m G(n)`` (:func:`waterfill_table`), which a hidden
+        state with a few large values makes far smaller. ``a`` comes back from the bounds as
+        their midpoint, within 2^-50 of the larger of them."""
+        if self.wf_m is None:  # (tables made without build)
+            return lo8, hi8
+        G = np.stack([waterfill_table(x) for x in self.scaled(h)])  # [n, WF_GRID + 1]
+        a = (lo8 + hi8) * 0.5
+        back = np.maximum(np.abs(lo8), np.abs(hi8)) * 2.0 ** -50
+        b = (self.wf_m[ids] * G[:, self.wf_j[ids]] + self.wf_rest[ids] * par[:, 1:2]
+             + self.wf_N[ids] * par[:, 2:3] + np.abs(a) * 2.0 ** -45 + par[:, 3:4]) * (
+                 1.0 + REL) + back
+        return np.maximum(a - b, lo8), np.minimum(a + b, hi8)
 
 
 def column_maxima(E: np.ndarray) -> np.ndarray:
@@ -481,13 +575,21 @@ class Head:
         elif plain.any():
             sets.append(self._greedy_candidates(lo[plain], hi[plain]))
         ids = sets[0] if len(sets) == 1 else np.unique(np.concatenate(sets))
-        refined = None
+        refined = []  # (rows, lo, hi) of each further pass, for the check
         up = None  # the candidates' upper bounds [n, len(ids)], for the greedy rescoring
-        if self.tables.fine is not None and ids.size:  # int7: the int8 screen of its candidates
-            st.screen_candidates.append(int(ids.size))
-            lo2, hi2 = self.be.head_refine(self.tables, ids, *prep)
-            refined = (ids, lo2, hi2)
-            ids, up = self._refined_candidates(samplers, plain, lo, hi, ids, lo2, hi2)
+        if ids.size > 1 or self.tables.fine is not None and ids.size:
+            # the candidates' int8 bounds: int7's second pass (the int8 screen of its
+            # candidates), then the water-filling bound, all chosen from at once
+            if self.tables.fine is not None:
+                st.screen_candidates.append(int(ids.size))
+                lo8, hi8 = self.be.head_refine(self.tables, ids, *prep)
+                refined.append((ids, lo8, hi8))
+            else:
+                lo8, hi8 = lo[:, ids], hi[:, ids]
+            if ids.size > 1:
+                lo8, hi8 = self.tables.waterfill(h, ids, lo8, hi8, prep[1])
+                refined.append((ids, lo8, hi8))
+            ids, up = self._refined_candidates(samplers, plain, lo, hi, ids, lo8, hi8)
         n_candidates = ids.size
         if plain.all() and self.be.dtype == np.float32 and ids.size > 1:
             ids, exact = self._rescore_greedy(h, ids, hi[:, ids] if up is None else up)
@@ -499,7 +601,8 @@ class Head:
         st.candidates.append(int(n_candidates))
         st.rescored.append(int(ids.size))
         st.head_bytes += (self.tables.nbytes + self.be.head_rows_bytes(ids)
-                          + (self.tables.fine_nbytes(refined[0].size) if refined else 0))
+                          + (self.tables.fine_nbytes(refined[0][0].size)
+                             if self.tables.fine is not None and refined else 0))
         # greedy without penalty: Sampler.pick's argmax over float32 logits, every row
         # outside ids -inf; ids ascend, so the first maximum is the same row
         best = ids[np.argmax(exact.astype(np.float32, copy=False), axis=1)]
@@ -538,8 +641,9 @@ class Head:
 
     def _refined_candidates(self, samplers, plain, lo, hi, ids, lo2, hi2
                             ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The candidates again, with the int8 bounds ``lo2``, ``hi2`` [n, len(ids)] of the
-        int7 screen's candidates ``ids`` (within both bounds: each is rigorous). Every other
+        """The candidates again, with further bounds ``lo2``, ``hi2`` [n, len(ids)] of the
+        candidates ``ids`` (the int8 screen of int7's, the water-filling bound; within all of
+        them: each is rigorous). Every other
         row stays out: its upper bound is below the threshold it missed, and the thresholds
         (largest, k-th largest lower bound, with or without noise) only rise. Returns them
         and, where every row is plain greedy, their upper bounds [n, len]."""
@@ -603,18 +707,19 @@ class Head:
         ylo, yhi = lo / p.temperature + g, hi / p.temperature + g
         return np.flatnonzero(yhi >= ylo.max())
 
-    def _check(self, h, samplers, lo, hi, tokens, ids, exact, refined=None) -> None:
+    def _check(self, h, samplers, lo, hi, tokens, ids, exact, refined=()) -> None:
         full = self.be.lm_head(h)
         if not np.array_equal(full[:, ids], exact):  # head_rows: the full kernel's very bits
             raise AssertionError("head_rows differs from lm_head on the candidates")
         full = full.astype(np.float64)
-        if refined is not None:  # the int8 bounds of the int7 screen's candidates
-            rows, lo2, hi2 = refined
+        # the further passes' bounds: int7's int8 screen, the water-filling bound
+        for p, (rows, lo2, hi2) in enumerate(refined):
             bad = np.argwhere((full[:, rows] < lo2) | (full[:, rows] > hi2))
             if bad.size:
                 r, i = bad[0]
-                raise AssertionError(f"int8 bound broken at row {rows[i]}: {lo2[r, i]!r} <= "
-                                     f"{full[r, rows[i]]!r} <= {hi2[r, i]!r} fails")
+                raise AssertionError(f"pass {p + 2} bound broken at row {rows[i]}: "
+                                     f"{lo2[r, i]!r} <= {full[r, rows[i]]!r} <= {hi2[r, i]!r} "
+                                     "fails")
         for r, s in enumerate(samplers):
             bad = np.flatnonzero((full[r] < lo[r]) | (full[r] > hi[r]))
             if bad.size:
