@@ -52,7 +52,7 @@ def screens():
     AVX512-VBMI (the vnni build's default there)."""
     from bitformat.runtime.cpu import kernels as K
 
-    out = [(k, 8) for k in kernels()]
+    out = [(k, 8) for k in kernels()] + [(k, 6) for k in kernels()]
     if "vnni" in kernels() and "avx512vbmi" in K.host_features():
         out.insert(0, ("vnni", 7))
     return out
@@ -97,15 +97,17 @@ def test_screen_kernels_match_numpy_reference(kernel, bits, dim):
     assert np.abs(c8).max() == 127 and not c8[:, dim:].any()
     inv = np.divide(1.0, d8, out=np.zeros_like(d8), where=d8 > 0)
     np.testing.assert_array_equal(c8[:, :dim], np.rint(Es * inv[:, None]))
-    if bits == 7:  # the screen's codes: the odd 4 floor(c / 2) + 1, the plane: c's low bit
+    if bits != 8:  # the screen's codes: 4 floor(c / 2) + 1 or 8 floor(c / 4) + 3, the plane:
+        # c's low bit or two
         assert np.array_equal(t.fine, q[6][0])
         k = t.signed_codes()[:, :dim]
-        assert np.array_equal(k, 4 * np.floor(c8[:, :dim] / 2) + 1)
+        sp = EH.SPLIT[bits]
+        assert np.array_equal(k, 2 * sp * np.floor(c8[:, :dim] / sp) + sp - 1)
     ref = EH.ScreenTables.build(codes, d, dn, qn, en, bad, dim, be.head_depth(), 2.0 ** -24,
-                                bits=bits, fine=q[6] if bits == 7 else None, cols=cols)
+                                bits=bits, fine=q[6] if bits != 8 else None, cols=cols)
     np.testing.assert_allclose(t.A, ref.A, rtol=1e-12)
     np.testing.assert_allclose(t.N, ref.N, rtol=1e-12)
-    if bits == 7:
+    if bits != 8:
         np.testing.assert_allclose(t.fine_A, ref.fine_A, rtol=1e-12)
         np.testing.assert_allclose(t.fine_N, ref.fine_N, rtol=1e-12)
     h = rng.standard_normal((3, dim)).astype(np.float32)
@@ -114,7 +116,7 @@ def test_screen_kernels_match_numpy_reference(kernel, bits, dim):
     rlo, rhi = EH.bounds_numpy(ref, xq, par)
     assert np.array_equal(lo, rlo) and np.array_equal(hi, rhi)
     exact = h.astype(np.float64) @ E.astype(np.float64).T  # (the float32 kernel: within slack)
-    if bits == 7:  # the int8 screen of some rows, from the int7 screen's sums
+    if bits != 8:  # the int8 screen of some rows, from the first screen's sums
         ids = np.array([0, 5, 7, 8, 9, 150, 300])
         lo2, hi2 = be.head_refine(ref, ids, xq, par)
         rlo2, rhi2 = EH.refine_numpy(ref, ids, xq, par)
@@ -353,6 +355,53 @@ def test_waterfill_narrows_an_outlier_hidden_state():
     assert (lo3 >= lo).all() and (hi3 <= hi).all()
     ratio = ((hi3 - lo3) / (hi - lo)).mean()
     assert ratio < 0.65, ratio  # x's two large values: much tighter
+
+
+# -- the first pass's width, chosen from what pays ---------------------------------------------
+def test_the_head_switches_to_int6_where_it_pays():
+    rng = np.random.default_rng(0)
+    dim = 128  # few values a row: int6's first pass leaves a small share of the rows
+    be = cpu_head_backend(rng.standard_normal((4096, dim)) * 0.05, "F16")
+    head = Head(be, "screened", check=True)  # check: every step's bounds and token asserted
+    assert head.tables.bits == head.default_bits != 6 and 6 in head.choice
+    hs = rng.standard_normal((12, dim)).astype(np.float32)
+    run_steps(head, hs, SAMPLINGS["greedy"])
+    assert head.tables.bits == 6 and len(head.switches) == 1
+    assert f"after {Head.CHOOSE_STEPS} steps" in head.switches[0]
+    d = head.stats.as_dict()
+    assert d["screen_bits"] == 6 and d["screen_switches"] == head.switches
+    assert d["first_pass_candidates_per_step_mean"] > d["candidates_per_step_mean"]
+    run_steps(head, hs[:4], SAMPLINGS["temp+topk"])  # and sampling on int6 tables
+
+
+def test_the_head_keeps_its_width_where_int6_does_not_pay():
+    rng = np.random.default_rng(0)
+    dim = 2048  # many values a row: int6's bound leaves too many rows
+    be = cpu_head_backend(rng.standard_normal((4096, dim)) * 0.05, "F16")
+    head = Head(be, "screened", check=True)
+    run_steps(head, rng.standard_normal((8, dim)).astype(np.float32), SAMPLINGS["greedy"])
+    assert head.tables.bits == head.default_bits != 6
+    assert not head.switches and not head.choice  # decided: no more estimates
+
+
+def test_int6_gives_way_where_its_first_pass_grows():
+    rng = np.random.default_rng(0)
+    dim = 2048
+    be = cpu_head_backend(rng.standard_normal((4096, dim)) * 0.05, "F16")
+    head = Head(be, "screened", check=True)
+    head.tables = be.switch_screen(6)  # as if int6 had been chosen on other hidden states
+    run_steps(head, rng.standard_normal((8, dim)).astype(np.float32), SAMPLINGS["greedy"])
+    assert head.tables.bits == head.default_bits != 6
+    assert "int6 -> int" in head.switches[0] and "seen at" in head.switches[0]
+
+
+def test_a_set_width_is_kept():
+    rng = np.random.default_rng(0)
+    be = cpu_head_backend(rng.standard_normal((4096, 128)) * 0.05, "F16", bits=8)
+    head = Head(be, "screened")
+    assert not head.choice
+    run_steps(head, rng.standard_normal((8, 128)).astype(np.float32), SAMPLINGS["greedy"])
+    assert head.tables.bits == 8 and not head.switches
 
 
 # -- adversarial heads ---------------------------------------------------------------------------

@@ -18,8 +18,9 @@ embedding) from the PyPI packages above.
 3. bitformat's screened head (``runtime.head.Head``, check mode: every row's bound and every
    token asserted against the full head) runs on ``--positions`` of those hidden states, greedy
    and top-k 40 (temperature 1, seeded), for each screen: int8 codes per row (the bound before
-   column scales), int8 with column scales (the runtime's), and the same for int7. The int8
-   screens run on this CPU's cpu-backend kernels; int7 ones where the CPU has AVX512-VBMI, else
+   column scales), int8 with column scales (the runtime's), and the same for int7 and int6.
+   The int8 and int6 screens run on this CPU's cpu-backend kernels; int7 ones where the CPU
+   has AVX512-VBMI, else
    on the numpy reference of the same arithmetic (the same bounds bit for bit, tests/
    test_exact_head.py).
 4. The same hidden states against a Gaussian head of the same shape and spread (the control).
@@ -49,7 +50,8 @@ PLOT = ROOT / "docs" / "trained-head-candidates.png"
 TEXT = ROOT / "tools" / "data" / "english.txt"
 #: (name, code bits, column scales)
 SCREENS = (("int8 per row", 8, False), ("int8", 8, True), ("int7 per row", 7, False),
-           ("int7", 7, True))
+           ("int7", 7, True), ("int6 per row", 6, False), ("int6", 6, True),
+           ("auto", 0, True))  # 0: the runtime's own choice of width (runtime.head.Head)
 CHECK_POSITIONS = 48  # positions whose next token llama.cpp's own logits give
 
 
@@ -123,6 +125,7 @@ class ReferenceScreen:
 
     name, dtype, no_screen, head_nbytes, head_itemsize = "reference", np.float32, None, None, 2
     pick_full = split_hidden = greedy_candidates = None
+    screen_choice = ()
 
     def __init__(self, E16: np.ndarray, bits: int, columns: bool):
         from bitformat.runtime import head as EH
@@ -179,7 +182,8 @@ def cpu_screen(E16: np.ndarray, bits: int, columns: bool):
     be.screen_columns = columns
     if bits == 7 and not (be.kernel == "vnni" and "avx512vbmi" in K.host_features()):
         return None
-    be.screen_bits = bits
+    if bits:  # (0: the head chooses)
+        be.screen_bits = bits
     return be
 
 
@@ -197,6 +201,8 @@ def run_screen(be, H: np.ndarray) -> dict:
     out = {}
     for mode, params in (("greedy", SamplingParams()),
                          ("top-k 40", SamplingParams(temperature=1.0, top_k=40, seed=1))):
+        if be.screen_choice:  # the head chooses its width: from the default, each time
+            be.switch_screen(be.screen_choice[0])
         head = Head(be, "screened", check=True)  # asserts every bound and every token
         s = Sampler(params)
         t0 = time.perf_counter()
@@ -205,6 +211,7 @@ def run_screen(be, H: np.ndarray) -> dict:
         st = head.stats
         if st.fallbacks:
             raise AssertionError(f"the screened head fell back: {dict(st.fallbacks)}")
+        width = {"screen_bits": head.tables.bits, "switches": list(head.switches)}
         out[mode] = {"candidates": summary(st.candidates),
                      "first_pass_candidates": (summary(st.screen_candidates)
                                                if st.screen_candidates else None),
@@ -213,7 +220,7 @@ def run_screen(be, H: np.ndarray) -> dict:
                      "of_f16_head": st.head_bytes / st.steps / st.full_bytes,
                      "steps": st.steps, "identical_tokens": st.steps,
                      "seconds": time.perf_counter() - t0,
-                     "all_candidates": [int(c) for c in st.candidates]}
+                     "all_candidates": [int(c) for c in st.candidates], **width}
     return out
 
 
@@ -293,14 +300,18 @@ def _fmt(s: dict) -> str:
 
 
 def table(res: dict) -> str:
-    """Candidates (after every pass), rescored rows and bytes per screen; int7's first pass
-    in a column of its own."""
+    """Candidates (after every pass), rescored rows and bytes per screen; int7's and int6's
+    first pass in a column of its own."""
     lines = ["| screen | greedy candidates, trained (mean / p50 / p99 / max) | Gaussian | "
-             "top-k 40, trained | Gaussian | int7 first pass, greedy, trained / Gaussian (mean "
-             "/ p99) | rescored (greedy mean), trained | head bytes of f16, trained (greedy / "
-             "top-k 40) | Gaussian |", "|---|---|---|---|---|---|---|---|---|"]
+             "top-k 40, trained | Gaussian | first pass (int7, int6), greedy, trained / "
+             "Gaussian (mean / p99) | rescored (greedy mean), trained | head bytes of f16, "
+             "trained (greedy / top-k 40) | Gaussian |", "|---|---|---|---|---|---|---|---|---|"]
     for name in res["heads"]["trained"]:
         tr, ga = res["heads"]["trained"][name], res["heads"]["gaussian"][name]
+        if name == "auto":  # what the runtime chose (greedy; the Gaussian head's)
+            name = (f"auto: int{tr['greedy']['screen_bits']} (greedy), "
+                    f"int{tr['top-k 40']['screen_bits']} (top-k 40); Gaussian "
+                    f"int{ga['greedy']['screen_bits']}")
         first = [r["greedy"]["first_pass_candidates"] for r in (tr, ga)]
         first = (" / ".join(f"{f['mean']:.1f} / {f['p99']:.0f}" for f in first)
                  if first[0] else "")
@@ -321,7 +332,8 @@ def plot(res: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = {"int8 per row": ("tab:red", "o"), "int8": ("tab:blue", "s"),
-              "int7 per row": ("tab:orange", "^"), "int7": ("tab:green", "D")}
+              "int7 per row": ("tab:orange", "^"), "int7": ("tab:green", "D"),
+              "int6 per row": ("tab:purple", "v"), "int6": ("tab:brown", "P")}
     for ax, mode in zip(axes, ("greedy", "top-k 40"), strict=True):
         for head, ls in (("trained", "-"), ("gaussian", ":")):
             for name, r in res["heads"][head].items():
@@ -403,13 +415,14 @@ next-token top-1 accuracy on the text is {res['top1_next_token']:.2f}. The scree
 {res['positions']} of those hidden states in check mode (every row's bound and every token
 asserted against the full head: identical tokens on every step), greedy and top-k 40
 (temperature 1, seed 1); the control is a Gaussian head of the same shape and spread, with the
-same hidden states. *per row*: the int8 (int7) codes of each row as the bound had them before
-column scales; without it: the runtime's screen, whose column scales divide
+same hidden states. *per row*: the codes of each row as the bound had them before column
+scales; without it: the runtime's screen, whose column scales divide
 {tr['int8']['scaled_columns']} of the trained head's {res['dim']} columns by powers of two
 (docs/exact-head.md, "Column scales"; the Gaussian head gets none). The int8 screens ran on
-{tr['int8']['run_on']}, the int7 ones on {tr['int7']['run_on'].replace('numpy', 'the numpy')}
-(the same bounds bit for bit); an int7 screen's candidates are those its int8 second pass
-leaves, as the runtime counts them.
+{tr['int8']['run_on']}, the int6 ones on {tr['int6']['run_on']}, the int7 ones on
+{tr['int7']['run_on'].replace('numpy', 'the numpy')} (the same bounds bit for bit); an int7 or
+int6 screen's candidates are those its int8 second pass (and the water-filling bound) leave,
+as the runtime counts them, and its first pass's are in their own column.
 
 {table(res)}
 

@@ -300,6 +300,9 @@ class Backend(ABC):
     #: ``screen_tables() -> ScreenTables``: the screened head's tables
     #: (:mod:`.head`), with ``head_bounds`` and ``head_rows`` beside it
     screen_tables: Callable[[], Any] | None = None
+    #: the screen's code width where this backend lets the head choose it from what pays
+    #: (``screen_bits``, settable; the cpu backend's): the widths it may switch between
+    screen_choice: tuple[int, ...] = ()
     #: ``pick_full(h, samplers) -> ids``: the full head's tokens chosen on the device
     pick_full: Callable[..., list[int]] | None = None
     #: the screen's input split, compiled (:func:`.head.split_hidden`'s arithmetic)

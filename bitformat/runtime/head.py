@@ -129,7 +129,12 @@ def padded(dim: int) -> int:
 #: into their high 7 bits (packed eight to seven bytes: the screen reads those) and their low bit
 #: (a bit plane read for the screen's candidates only, which it narrows to the int8 screen's
 #: candidates): the cpu backend's where the CPU has AVX512-VBMI to unpack them
-SCREEN_BITS = (8, 7)
+SCREEN_BITS = (8, 7, 6)
+#: per code width of the first pass: the largest |k| of its signed codes (int8: c; int7: the
+#: odd 4 h + 1; int6: 8 h + 3) and how each value's int8 code c splits into the stored high
+#: part h = floor(c / SPLIT) and the low part c - SPLIT h (the bit plane of the second pass)
+QMAX = {8: 127, 7: 255, 6: 253}
+SPLIT = {7: 2, 6: 4}
 
 
 def row_bytes(dim: int, bits: int) -> int:
@@ -153,6 +158,47 @@ def pack7(u: np.ndarray) -> np.ndarray:
     out = code_buffer(V, width * 7 // 8)
     out[:] = words.view(np.uint8).reshape(V, -1, 8)[:, :, :7].reshape(V, -1)
     return out
+
+
+def pack6(u: np.ndarray) -> np.ndarray:
+    """Stored int6 codes (uint8 < 64, ``[V, width]``, width a multiple of 64) packed 64 to 48
+    bytes, in the order the AVX2 screen unpacks them: bytes 0..31 of a group hold code a in
+    their low nibble and code 32 + a in their high one, bytes 32..47 the codes' top two bits,
+    code ``j + 16 i`` at bits ``2 i`` of byte ``32 + j``."""
+    V, width = u.shape
+    g = u.reshape(V, width // 64, 64).astype(np.uint8)
+    out = code_buffer(V, width * 6 // 8)
+    o = out.reshape(V, width // 64, 48)
+    o[:, :, :32] = (g[:, :, :32] & 15) | ((g[:, :, 32:] & 15) << 4)
+    top = g >> 4
+    o[:, :, 32:] = (top[:, :, 0:16] | (top[:, :, 16:32] << 2) | (top[:, :, 32:48] << 4)
+                    | (top[:, :, 48:64] << 6))
+    return out
+
+
+def unpack6(p: np.ndarray) -> np.ndarray:
+    """:func:`pack6` undone: uint8 [V, 4 / 3 * bytes]."""
+    V, nb = p.shape
+    o = p.reshape(V, nb // 48, 48)
+    g = np.empty((V, nb // 48, 64), np.uint8)
+    g[:, :, :32] = o[:, :, :32] & 15
+    g[:, :, 32:] = o[:, :, :32] >> 4
+    for i in range(4):
+        g[:, :, 16 * i:16 * i + 16] |= ((o[:, :, 32:] >> (2 * i)) & 3) << 4
+    return g.reshape(V, -1)
+
+
+def pack2(b: np.ndarray) -> np.ndarray:
+    """Values 0..3 ``[V, width]`` four to a byte, value ``4 j + i`` at bits ``2 i`` of byte
+    j (int6's bit plane)."""
+    V, width = b.shape
+    q = b.reshape(V, width // 4, 4).astype(np.uint8)
+    return q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)
+
+
+def unpack2(p: np.ndarray) -> np.ndarray:
+    """:func:`pack2` undone."""
+    return np.stack([(p >> (2 * i)) & 3 for i in range(4)], axis=-1).reshape(p.shape[0], -1)
 
 
 def unpack7(p: np.ndarray) -> np.ndarray:
@@ -213,9 +259,10 @@ def waterfill_terms(d, dnorm, enorm, dim: int, depth: int, unit: float, flushed=
     return m, j, rest * (1 + REL)
 
 
-def waterfill_table(x: np.ndarray) -> np.ndarray:
-    """float64 [WF_GRID + 1]: upper bounds ``G_j >= max sum_k w_k |x_k|`` over ``0 <= w_k <=
-    1``, ``sum w_k^2 <= n_j = j dim / WF_GRID``, for the screen's input ``x`` (float64 [dim]).
+def waterfill_table(x: np.ndarray, j: np.ndarray | None = None) -> np.ndarray:
+    """float64 [WF_GRID + 1] (or at grid indices ``j`` only): upper bounds ``G_j >= max sum_k
+    w_k |x_k|`` over ``0 <= w_k <= 1``, ``sum w_k^2 <= n_j = j dim / WF_GRID``, for the
+    screen's input ``x`` (float64 [dim]).
 
     For the m largest ``|x_k|`` (any m) and the rest: ``sum w_k |x_k| <= S1(m) + sqrt(sum_{rest}
     w_k^2) sqrt(T2(m)) <= S1(m) + sqrt(n T2(m))``, with ``S1`` the sum of the m largest and
@@ -223,23 +270,26 @@ def waterfill_table(x: np.ndarray) -> np.ndarray:
     over m = 0 .. WF_SATURATED (m = 0: Cauchy-Schwarz itself, ``sqrt(n) ||x||``). Every sum
     of at most dim float64 terms is within (dim + 2) 2^-53 of its value, the square root and
     product within 2^-50: the factor covers them."""
-    a = np.sort(np.abs(np.asarray(x, np.float64)))[::-1]
-    n = np.arange(WF_GRID + 1) * (a.size / WF_GRID)
-    if a.size == 0 or a[0] == 0:
-        return np.zeros(WF_GRID + 1)
+    a = np.abs(np.asarray(x, np.float64))
+    dim = a.size
+    n = (np.arange(WF_GRID + 1) if j is None else np.asarray(j)) * (dim / WF_GRID)
+    k = min(dim, WF_SATURATED)
+    top = np.sort(np.partition(a, dim - k)[dim - k:])[::-1] if dim else a  # the k largest
+    if dim == 0 or top[0] == 0:
+        return np.zeros(n.size)
     # G is homogeneous: work on a / 2^e (exact), the largest value in [0.5, 1), so no square
     # of a value above 2^-500 of it underflows; the smaller ones add at most 2^-1000 each
-    e = math.frexp(float(a[0]))[1]
-    a = np.ldexp(a, -e)
-    k = min(a.size, WF_SATURATED)
-    s1 = np.concatenate([[0.0], np.cumsum(a[:k])])
-    sq = a * a
-    t2 = np.concatenate([[sq.sum()], sq.sum() - np.cumsum(sq[:k])])
+    e = math.frexp(float(top[0]))[1]
+    a, top = np.ldexp(a, -e), np.ldexp(top, -e)
+    s1 = np.concatenate([[0.0], np.cumsum(top)])
+    total = float(np.dot(a, a))
+    sq = top * top
+    t2 = np.concatenate([[total], total - np.cumsum(sq)])
     t2 = np.maximum(t2, 0.0)
     # the tail sums by subtraction lose up to ulp(sum sq) each: add it back
-    t2 = t2 + sq.sum() * (a.size + 2) * 2.0 ** -52 + a.size * 2.0 ** -1000
+    t2 = t2 + total * (dim + 2) * 2.0 ** -52 + dim * 2.0 ** -1000
     G = np.min(s1[:, None] + np.sqrt(n[None, :] * t2[:, None]), axis=0)
-    return np.ldexp(G * (1 + (a.size + 8) * 2.0 ** -52 + REL), e)
+    return np.ldexp(G * (1 + (dim + 8) * 2.0 ** -52 + REL), e)
 
 
 @dataclass
@@ -295,10 +345,9 @@ class ScreenTables:
         int7: ``fine`` = (bit plane, ``||e - d c||``, ``||d c||``) of the int8 codes.
         """
         scale = np.asarray(scale, np.float64)
-        qmax = 127 if bits == 8 else 255  # |c| <= 127; |k| = |4 h + 1| <= 255
-        A, N = bound_terms(dnorm, qnorm, enorm, scale, qmax, dim, depth, unit, flushed)
+        A, N = bound_terms(dnorm, qnorm, enorm, scale, QMAX[bits], dim, depth, unit, flushed)
         fine_A = fine_N = plane = None
-        if bits == 7:
+        if bits != 8:
             plane, fdn, fqn = fine
             fine_A, fine_N = bound_terms(fdn, fqn, enorm, 2 * scale, 127, dim, depth, unit,
                                          flushed)
@@ -322,16 +371,22 @@ class ScreenTables:
         return self.codes.shape[1] * 8 // self.bits
 
     def signed_codes(self) -> np.ndarray:
-        """int16 [V, width]: the codes the screen's bound is about (int8: c; int7: k)."""
+        """int16 [V, width]: the codes the screen's bound is about (int8: c; int7: k = 4 h + 1;
+        int6: k = 8 h + 3)."""
         if self.bits == 8:
             return self.codes.astype(np.int16) - 128
-        return 4 * (unpack7(self.codes).astype(np.int16) - 64) + 1
+        if self.bits == 7:
+            return 4 * (unpack7(self.codes).astype(np.int16) - 64) + 1
+        return 8 * (unpack6(self.codes).astype(np.int16) - 32) + 3
 
     def fine_codes(self, ids: np.ndarray) -> np.ndarray:
-        """int7 tables: int16 [len(ids), width], the int8 codes c = 2 h + b of rows ids."""
-        h = unpack7(self.codes[ids]).astype(np.int16) - 64
-        b = np.unpackbits(self.fine[ids], axis=1, bitorder="little")
-        return 2 * h + b
+        """int7 and int6 tables: int16 [len(ids), width], the int8 codes c = 2 h + b (int7)
+        or 4 h + b (int6) of rows ids."""
+        if self.bits == 7:
+            h = unpack7(self.codes[ids]).astype(np.int16) - 64
+            return 2 * h + np.unpackbits(self.fine[ids], axis=1, bitorder="little")
+        h = unpack6(self.codes[ids]).astype(np.int16) - 32
+        return 4 * h + unpack2(self.fine[ids])
 
     def fine_nbytes(self, n: int) -> int:
         """What the int8 screen of n candidate rows reads: bit planes, scales, terms, sums."""
@@ -386,10 +441,11 @@ class ScreenTables:
         their midpoint, within 2^-50 of the larger of them."""
         if self.wf_m is None:  # (tables made without build)
             return lo8, hi8
-        G = np.stack([waterfill_table(x) for x in self.scaled(h)])  # [n, WF_GRID + 1]
+        grid, at = np.unique(self.wf_j[ids], return_inverse=True)  # the grid points needed
+        G = np.stack([waterfill_table(x, grid) for x in self.scaled(h)])  # [n, len(grid)]
         a = (lo8 + hi8) * 0.5
         back = np.maximum(np.abs(lo8), np.abs(hi8)) * 2.0 ** -50
-        b = (self.wf_m[ids] * G[:, self.wf_j[ids]] + self.wf_rest[ids] * par[:, 1:2]
+        b = (self.wf_m[ids] * G[:, at.reshape(-1)] + self.wf_rest[ids] * par[:, 1:2]
              + self.wf_N[ids] * par[:, 2:3] + np.abs(a) * 2.0 ** -45 + par[:, 3:4]) * (
                  1.0 + REL) + back
         return np.maximum(a - b, lo8), np.minimum(a + b, hi8)
@@ -421,21 +477,25 @@ def quantize_head(E: np.ndarray, bits: int = 8, cols: np.ndarray | None = None
         dnorm = np.sqrt((r * r).sum(axis=1))
         qnorm = np.sqrt(((c * d[:, None]) ** 2).sum(axis=1))
         enorm = np.sqrt((E * E).sum(axis=1))
-        if bits == 7:
-            hi = np.floor(c / 2)
-            val = (d[:, None] / 2) * (4 * hi + 1)
+        if bits != 8:  # the high part h and the first pass's codes k (value (d / 2) k)
+            sp = SPLIT[bits]
+            hi = np.floor(c / sp)
+            val = (d[:, None] / 2) * (2 * sp * hi + sp - 1)
             r1 = E - val
             dn1, qn1 = np.sqrt((r1 * r1).sum(axis=1)), np.sqrt((val * val).sum(axis=1))
     if bits == 8:
         codes = np.full((V, padded(h)), 128, np.uint8)
         codes[:, :h] = (c + 128).astype(np.uint8)
         return codes, d, dnorm, qnorm, enorm, bad
-    u = np.full((V, padded(h)), 64, np.uint8)
-    u[:, :h] = (hi + 64).astype(np.uint8)
+    off = 64 if bits == 7 else 32
+    u = np.full((V, padded(h)), off, np.uint8)
+    u[:, :h] = (hi + off).astype(np.uint8)
     low = np.zeros((V, padded(h)), np.uint8)
-    low[:, :h] = (c - 2 * hi).astype(np.uint8)
-    plane = np.packbits(low, axis=1, bitorder="little")
-    return pack7(u), d / 2, dn1, qn1, enorm, bad, (plane, dnorm, qnorm)
+    low[:, :h] = (c - sp * hi).astype(np.uint8)
+    if bits == 7:
+        return (pack7(u), d / 2, dn1, qn1, enorm, bad,
+                (np.packbits(low, axis=1, bitorder="little"), dnorm, qnorm))
+    return pack6(u), d / 2, dn1, qn1, enorm, bad, (pack2(low), dnorm, qnorm)
 
 
 def bounds_numpy(t: ScreenTables, xq: np.ndarray, par: np.ndarray
@@ -483,11 +543,15 @@ class HeadStats:
     rows: int = 0
     screened_rows: int = 0
     candidates: list[int] = field(default_factory=list)  # rows the bounds leave, per step
-    screen_candidates: list[int] = field(default_factory=list)  # int7: before the int8 screen
+    # int7, int6: the first pass's candidates, before the int8 screen of them
+    screen_candidates: list[int] = field(default_factory=list)
     rescored: list[int] = field(default_factory=list)  # rows the f16 kernel computed, per step
     fallbacks: Counter = field(default_factory=Counter)  # reason -> rows
     head_bytes: int = 0  # bytes the head read, all steps
     full_bytes: int = 0  # what the full head reads per step
+
+    screen_bits: int = 0  # the first pass's width (its last one)
+    switches: list[str] = field(default_factory=list)  # the widths the head chose, and why
 
     def as_dict(self) -> dict[str, Any]:
         c = np.asarray(self.candidates or [0])
@@ -498,7 +562,10 @@ class HeadStats:
                 "head_bytes_per_step": self.head_bytes / max(self.steps, 1),
                 "full_head_bytes": self.full_bytes,
                 "rescored_per_step_mean": float(np.mean(self.rescored or [0])),
-                **({"int7_candidates_per_step_mean": float(np.mean(self.screen_candidates))}
+                **({"screen_bits": self.screen_bits, "screen_switches": self.switches}
+                   if self.screen_bits else {}),
+                **({"first_pass_candidates_per_step_mean":
+                    float(np.mean(self.screen_candidates))}
                    if self.screen_candidates else {})}
 
 
@@ -533,6 +600,12 @@ class Head:
         self.full_bytes = backend.head_nbytes or (
             backend.vocab * backend.dim * int(backend.head_itemsize))
         self.stats = HeadStats(mode, full_bytes=self.full_bytes)
+        # the first pass's width, chosen from what pays on this model (_choose)
+        self.choice = (backend.screen_choice if self.tables is not None and not
+                       self.unavailable and 6 in backend.screen_choice else ())
+        self.default_bits = self.choice[0] if self.choice else 0
+        self._shares: list[float] = []  # int6's first pass, estimated or seen: share of rows
+        self.switches: list[str] = []
 
     def reset_stats(self) -> None:
         self.stats = HeadStats(self.mode, full_bytes=self.full_bytes)
@@ -598,6 +671,7 @@ class Head:
         if not np.isfinite(exact).all():
             return self._full(h, samplers, "logits not finite")
         st.screened_rows += len(samplers)
+        st.screen_bits, st.switches = self.tables.bits, self.switches
         st.candidates.append(int(n_candidates))
         st.rescored.append(int(ids.size))
         st.head_bytes += (self.tables.nbytes + self.be.head_rows_bytes(ids)
@@ -616,7 +690,60 @@ class Head:
             tokens.append(s.pick(z))
         if self.check:
             self._check(h, samplers, lo, hi, tokens, ids, exact, refined)
+        if self.choice:
+            self._choose(lo, hi, prep[1])
         return tokens
+
+    #: steps whose int6 first pass is estimated (or watched) before the width is chosen
+    CHOOSE_STEPS = 4
+    #: int6 pays where its first pass leaves at most this share of the rows (the bit planes
+    #: of those, 1/4 byte a value, then cost far less than the 1/4 byte a value it saves on
+    #: every row), and stops paying above STOPS (watched over the steps it runs)
+    INT6_PAYS = 0.02
+    INT6_STOPS = 0.05
+    MAX_SWITCHES = 2
+
+    def _choose(self, lo: np.ndarray, hi: np.ndarray, par: np.ndarray) -> None:
+        """The first pass's width from what pays on the model at hand: on this backend's
+        default width, the candidates int6 codes would leave are estimated from this step's
+        bounds (``int6_share``) for CHOOSE_STEPS steps; where they stay at most INT6_PAYS of
+        the rows, the tables are made again with int6 codes (once: ~1 s on 2B-4T). On int6,
+        its first pass's candidates are watched and above INT6_STOPS the default returns.
+        Every width gives the same tokens; only the bytes read differ."""
+        t, V = self.tables, self.be.vocab
+        if t.bits != 6:
+            self._shares.append(self.int6_share(lo, hi, par) / V)
+        elif self.stats.screen_candidates:
+            self._shares.append(self.stats.screen_candidates[-1] / V)
+        if len(self._shares) < self.CHOOSE_STEPS:
+            return
+        share = float(np.mean(self._shares))
+        self._shares.clear()
+        to = (6 if t.bits != 6 and share <= self.INT6_PAYS else
+              self.default_bits if t.bits == 6 and share > self.INT6_STOPS else None)
+        if to is None:
+            if t.bits != 6:  # int6 would not pay: stop estimating
+                self.choice = ()
+            return
+        self.switches.append(f"int{t.bits} -> int{to} after {self.stats.steps} steps (int6 "
+                             f"first pass {'estimated' if t.bits != 6 else 'seen'} at "
+                             f"{share:.2%} of the rows)")
+        self.tables = self.be.switch_screen(to)
+        if len(self.switches) >= self.MAX_SWITCHES or to != 6:
+            self.choice = ()
+
+    def int6_share(self, lo: np.ndarray, hi: np.ndarray, par: np.ndarray) -> float:
+        """About how many rows an int6 first pass would leave for these greedy bounds (mean
+        over the tokens): each row's bound widened from its own codes' ``||e - e^||`` to
+        int6's, ``sqrt(||δe8||^2 + 1.25 dim d^2)`` (the low two bits of the int8 codes, about
+        uniform, are int6's added error; an estimate, not a bound)."""
+        t = self.tables
+        d8 = t.scale * (2.0 if t.bits == 7 else 1.0)
+        dn8 = t.fine_A if t.bits == 7 else t.A
+        grow = np.maximum(np.sqrt(dn8 * dn8 + 1.25 * t.width * d8 * d8) - t.A, 0.0)
+        a, b = (lo + hi) * 0.5, (hi - lo) * 0.5 + grow * par[:, 1:2]
+        top = (a - b).max(axis=1, keepdims=True)
+        return float((a + b >= top).sum(axis=1).mean())
 
     def _rescore_greedy(self, h: np.ndarray, ids: np.ndarray, up: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray]:

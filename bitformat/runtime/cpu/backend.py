@@ -217,6 +217,7 @@ class CpuBackend(Backend):
         self._lut_f16: np.ndarray | None = None  # f16 -> f32 of every pattern (q2_0 kernel)
         self._screen: EH.ScreenTables | None = None
         self._screen_bits: int | None = None  # screen_bits
+        self._screen_set = False  # screen_bits was set: the head does not choose it
         #: the screen scales outlier columns (head.column_scales); False: per-row codes only
         #: (benchmarks that compare the two)
         self.screen_columns = True
@@ -267,7 +268,7 @@ class CpuBackend(Backend):
             H.lut16(gtype.name))
         be._lut_f16 = be._screen = be._screen_bits = be._bmax = be._sums = None
         be._bounds_scratch, be._sums_scratch = {}, {}
-        be.screen_columns = True
+        be.screen_columns, be._screen_set = True, False
         return be
 
     def _arena_bytes(self) -> list[int]:
@@ -754,17 +755,35 @@ class CpuBackend(Backend):
         (which unpacks them in registers), else int8. Set it before the first screen to
         choose (tests, benchmarks)."""
         if self._screen_bits is None:
-            vbmi = self.kernel == "vnni" and "avx512vbmi" in K.host_features()
-            self._screen_bits = 7 if vbmi else 8
+            self._screen_bits = self._default_screen_bits()
         return self._screen_bits
+
+    def _default_screen_bits(self) -> int:
+        vbmi = self.kernel == "vnni" and "avx512vbmi" in K.host_features()
+        return 7 if vbmi else 8
+
+    @property
+    def screen_choice(self) -> tuple[int, ...]:
+        """The widths the screened head may choose between (:class:`..head.Head`): this
+        build's default and int6, unless the width was set."""
+        return () if self._screen_set else (self._default_screen_bits(), 6)
 
     @screen_bits.setter
     def screen_bits(self, bits: int) -> None:
         if bits not in EH.SCREEN_BITS or (bits == 7 and self.kernel != "vnni"):
             raise ValueError(f"screen bits {bits}: the {self.kernel} build screens with "
-                             f"{'int8 or int7' if self.kernel == 'vnni' else 'int8'} codes")
+                             f"{'int8, int7 or int6' if self.kernel == 'vnni' else 'int8 or int6'}"
+                             " codes")
+        self._screen_set = True
         if bits != self._screen_bits:
             self._screen_bits, self._screen = bits, None
+
+    def switch_screen(self, bits: int) -> EH.ScreenTables:
+        """The screened head's own choice (:class:`..head.Head`): tables of ``bits``-bit codes
+        instead of the current ones (made now), the width still the head's to choose."""
+        if bits != self._screen_bits:
+            self._screen_bits, self._screen = bits, None
+        return self.screen_tables()
 
     def screen_tables(self) -> EH.ScreenTables | None:
         """The int8 (int7) copy of the head and its bound terms (made once, on first use)."""
@@ -791,16 +810,18 @@ class CpuBackend(Backend):
             lo, hi = self._bounds_scratch[T] = np.empty((T, V)), np.empty((T, V))
         bmax = S.block_maxima(V, T)
         args = (t.scale, t.A, t.N, par, lo, hi, bmax)
-        if t.bits == 7:  # and the rows' integer sums, for head_refine
+        if t.bits != 8:  # and the rows' integer sums, for head_refine
             sums = self._sums_scratch.get(T)
             if sums is None or sums.shape[1] != V:
                 sums = self._sums_scratch[T] = np.empty((T, V, 2), np.int32)
             args += (sums,)
             self._sums = (xq, sums)
-        amx = self.amx and 2 <= T <= A.SCREEN_TOKENS  # a batched step: amx.py
+        amx = self.amx and 2 <= T <= A.SCREEN_TOKENS and t.bits != 6  # a batched step
         if amx:
             kernel = A.screen_amx7 if t.bits == 7 else A.screen_amx
             args = (A.screen_activations(xq), A.screen_config(T)) + args
+        elif t.bits == 6:
+            kernel = S.screen6_avx2 if self.kernel in ("avx2", "vnni") else S.screen6_portable
         elif t.bits == 7:
             kernel = S.screen_vbmi7
         elif self.kernel == "avx2":
@@ -818,17 +839,17 @@ class CpuBackend(Backend):
 
     def head_refine(self, t: EH.ScreenTables, ids: np.ndarray, xq: np.ndarray,
                     par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The int8 bounds ``(lo, hi)`` [T, len(ids)] of rows ``ids`` of int7 tables, from the
-        last :meth:`head_bounds` of the same ``xq`` (its integer sums) and the bit planes
-        (:func:`.screen.refine_vbmi7`)."""
+        """The int8 bounds ``(lo, hi)`` [T, len(ids)] of rows ``ids`` of int7 or int6 tables,
+        from the last :meth:`head_bounds` of the same ``xq`` (its integer sums) and the bit
+        planes (:func:`.screen.refine_vbmi7`, :func:`.screen.refine6`)."""
         last = self._sums
         if last is None or last[0] is not xq:
-            raise RuntimeError("head_refine needs the int7 screen of the same inputs first")
+            raise RuntimeError("head_refine needs the first screen of the same inputs first")
         T = xq.shape[0]
         lo, hi = np.empty((T, ids.size)), np.empty((T, ids.size))
-        self._call(S.refine_vbmi7, t.fine_nbytes(ids.size), t.fine,
-                   np.ascontiguousarray(ids, np.int64), xq, last[1], t.scale, t.fine_A,
-                   t.fine_N, par, lo, hi)
+        kernel = S.refine6 if t.bits == 6 else S.refine_vbmi7
+        self._call(kernel, t.fine_nbytes(ids.size), t.fine, np.ascontiguousarray(ids, np.int64),
+                   xq, last[1], t.scale, t.fine_A, t.fine_N, par, lo, hi)
         return lo, hi
 
     def greedy_candidates(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
