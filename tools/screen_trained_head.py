@@ -220,7 +220,8 @@ def run_screen(be, H: np.ndarray) -> dict:
                      "of_f16_head": st.head_bytes / st.steps / st.full_bytes,
                      "steps": st.steps, "identical_tokens": st.steps,
                      "seconds": time.perf_counter() - t0,
-                     "all_candidates": [int(c) for c in st.candidates], **width}
+                     "all_candidates": [int(c) for c in st.candidates],
+                     "all_first_pass": [int(c) for c in st.screen_candidates], **width}
     return out
 
 
@@ -325,29 +326,40 @@ def table(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
+    """Candidates per step as distributions: greedy and top-k 40 after every pass (the same
+    rows whatever the first pass's width), and int6's first pass (what its choice weighs)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = {"int8 per row": ("tab:red", "o"), "int8": ("tab:blue", "s"),
-              "int7 per row": ("tab:orange", "^"), "int7": ("tab:green", "D"),
-              "int6 per row": ("tab:purple", "v"), "int6": ("tab:brown", "P")}
-    for ax, mode in zip(axes, ("greedy", "top-k 40"), strict=True):
-        for head, ls in (("trained", "-"), ("gaussian", ":")):
-            for name, r in res["heads"][head].items():
-                v = np.sort(r[mode]["all_candidates"])
-                color, marker = styles.get(name, ("black", "x"))
-                ax.plot(v, np.arange(1, v.size + 1) / v.size, ls, color=color, marker=marker,
-                        markevery=max(1, v.size // 6), ms=4,
-                        label=f"{name}, {'trained' if head == 'trained' else 'Gaussian'}")
+    tr, ga = res["heads"]["trained"], res["heads"]["gaussian"]
+    # (label, its final candidates, its int6 first pass, style)
+    series = (("trained, codes per row", tr["int8 per row"], tr["int6 per row"], "tab:red", "o",
+               "-"),
+              ("trained, column scales (the runtime)", tr["int8"], tr["int6"], "tab:blue", "s",
+               "-"),
+              ("Gaussian control", ga["int8"], ga["int6"], "black", "x", ":"))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    panels = (("greedy", "all_candidates", "greedy: rows left after every pass"),
+              ("top-k 40", "all_candidates", "top-k 40: rows left after every pass"),
+              ("greedy", "all_first_pass", "greedy: int6 first pass (before its int8 pass)"))
+    for ax, (mode, key, title) in zip(axes, panels, strict=True):
+        for label, final, first, color, marker, ls in series:
+            r = first if key == "all_first_pass" else final
+            v = np.sort(r[mode][key])
+            if v.size == 0:
+                continue
+            ax.plot(v, np.arange(1, v.size + 1) / v.size, ls, color=color, marker=marker,
+                    markevery=max(1, v.size // 6), ms=5, label=label)
         ax.set_xscale("log")
-        ax.set_xlabel("candidates per step (rows the bounds leave)")
+        ax.set_xlabel("candidates per step")
         ax.set_ylabel("fraction of steps")
-        ax.set_title(f"{mode}: {res['model']} head {res['vocab']:,} x {res['dim']}")
+        ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="lower right")
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Screened head on {res['model']}'s trained head ({res['vocab']:,} x "
+                 f"{res['dim']}) and a Gaussian one, {res['positions']} hidden states")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

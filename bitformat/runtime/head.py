@@ -103,13 +103,16 @@ def column_scales(colmax: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
     if not ok.any():
         return None
     ratio = np.log2(np.where(ok, colmax / np.median(colmax[ok]), 1.0))
-    rows = np.abs(np.asarray(rows, np.float64))
+    if not np.rint(max(COLUMN_POWERS) * ratio).any():  # columns alike: no power scales any
+        return None
+    rows = np.abs(np.asarray(rows, np.float32))  # (an estimate: float32 serves)
     rows = rows[np.isfinite(rows).all(axis=1)]
     best, cost = None, math.inf
     for p in COLUMN_POWERS:
         j = np.clip(np.rint(p * ratio), -MAX_SHIFT, MAX_SHIFT)
         c = np.exp2(j)
-        size = (rows / c).max(axis=1, initial=0.0).mean() * math.sqrt(float(np.dot(c, c)))
+        size = (float((rows / c.astype(np.float32)).max(axis=1, initial=0.0).mean())
+                * math.sqrt(float(np.dot(c, c))))
         if size < cost * (1 - 1e-9):  # ties keep the smaller power (no scaling first)
             best, cost = (c if j.any() else None), size
     return best
@@ -428,6 +431,23 @@ class ScreenTables:
         h = np.asarray(h, np.float64)
         return h if self.cols is None else h * self.cols
 
+    #: the water-filling bound is worth computing where this many of a hidden state's largest
+    #: values hold at least WF_SHARE of its squared norm (a Gaussian one's 16 of 2,560: ~6 %)
+    WF_TOP = 16
+    WF_SHARE = 0.1
+
+    def waterfill_pays(self, h: np.ndarray) -> bool:
+        """Whether some hidden state of ``h`` [n, dim] has a few values large enough for
+        :meth:`waterfill` to narrow the bounds (on flat ones it gives Cauchy-Schwarz's)."""
+        if self.wf_m is None:
+            return False
+        for x in self.scaled(h):
+            sq = x * x
+            k = min(self.WF_TOP, sq.size)
+            if k and np.partition(sq, sq.size - k)[sq.size - k:].sum() >= self.WF_SHARE * sq.sum():
+                return True
+        return False
+
     def waterfill(self, h: np.ndarray, ids: np.ndarray, lo8: np.ndarray, hi8: np.ndarray,
                   par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tighter bounds ``(lo, hi)`` [n, len(ids)] of rows ``ids`` from their int8 codes'
@@ -452,9 +472,12 @@ class ScreenTables:
 
 
 def column_maxima(E: np.ndarray) -> np.ndarray:
-    """float64 [dim]: each column's largest finite magnitude (0 where it has none)."""
-    E = np.abs(np.asarray(E, dtype=np.float64))
-    return np.where(np.isfinite(E), E, 0.0).max(axis=0, initial=0.0)
+    """float64 [dim]: each column's largest magnitude (NaN ignored, infinity kept: such a
+    column gets no scale, :func:`column_scales`)."""
+    E = np.asarray(E)
+    if E.shape[0] == 0:
+        return np.zeros(E.shape[1])
+    return np.fmax.reduce(np.abs(E), axis=0).astype(np.float64)
 
 
 def quantize_head(E: np.ndarray, bits: int = 8, cols: np.ndarray | None = None
@@ -659,7 +682,7 @@ class Head:
                 refined.append((ids, lo8, hi8))
             else:
                 lo8, hi8 = lo[:, ids], hi[:, ids]
-            if ids.size > 1:
+            if ids.size > 1 and self.tables.waterfill_pays(h):
                 lo8, hi8 = self.tables.waterfill(h, ids, lo8, hi8, prep[1])
                 refined.append((ids, lo8, hi8))
             ids, up = self._refined_candidates(samplers, plain, lo, hi, ids, lo8, hi8)

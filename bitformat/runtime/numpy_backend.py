@@ -97,7 +97,8 @@ class NumpyBackend(Backend):
             E = self.head_weights(np.arange(self.vocab)).astype(np.float64)
             unit = 2.0 ** -24 if self.dtype == np.float32 else 2.0 ** -53
             # BLAS sums in an order of its own: any tree of dim products
-            cols = EH.column_scales(EH.column_maxima(E), E[EH.sample_rows(self.vocab)])
+            sample = E[EH.sample_rows(self.vocab)]  # (as the cpu backend's)
+            cols = EH.column_scales(EH.column_maxima(sample), sample[::4])
             self._screen = EH.ScreenTables.build(*EH.quantize_head(E, cols=cols), self.dim,
                                                  self.dim + 2, unit, cols=cols)
         return self._screen
