@@ -131,6 +131,7 @@ def test_run_json_matches_python_api(tiny_gguf):
     assert out["bytes_read_per_token"] < m.weight_bytes_per_token
     assert 1 <= out["candidates_per_step_mean"] <= out["candidates_per_step_max"]
     assert 1 <= out["rescored_per_step_mean"] <= out["candidates_per_step_mean"]
+    assert out["screen_bits"] in (8, 7, 6) and isinstance(out["screen_switches"], list)
     full = json.loads(run("run", tiny_gguf, "--prompt-ids", "1,2,3", "-n", 5, "--json",
                           "--head", "full").stdout)
     assert full["tokens"] == out["tokens"] and full["head"] == "full"

@@ -205,8 +205,9 @@ def render(a, res, greedy_c, sampled_c, full_head, bw, other, speedup, screen_by
         "of the same shape; with column scales, which a Gaussian head does not get, about as "
         "many. The bound scales with the codes' step: on a Gaussian head "
         "(`tools/sim_screen_bits.py`: 128,256 rows, the bound's dominant term) int8 leaves 25 "
-        "greedy candidates, int7 420 and int6 15,671 (12 % of the vocabulary), so int6 and "
-        "narrower screens were not built.",
+        "greedy candidates, int7 420 and int6 15,671 (12 % of the vocabulary), so on this "
+        "head the runtime keeps int8 (int7); it switches to int6 by itself where that pays "
+        "(docs/exact-head.md, \"The int6 screen, and which width runs\").",
     ])
 
 

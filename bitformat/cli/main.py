@@ -440,6 +440,9 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
             "candidates_per_step_max": hs["candidates_per_step_max"],
             "rescored_per_step_mean": hs["rescored_per_step_mean"],
             "head_fallbacks": hs["head_fallbacks"],
+            # the screen's code width (int8, int7, int6) and the head's switches between them
+            "screen_bits": hs.get("screen_bits"),
+            "screen_switches": hs.get("screen_switches", []),
             "head_bytes_per_token": hs["head_bytes_per_step"],
             "bytes_read_per_token": hs["bytes_read_per_token"],
             "kv_cache": kv_cache, "kv_cache_bytes_last_token": stats.kv_bytes_last_token,
