@@ -357,6 +357,7 @@ def _generation_options(fn):
                      "2-bit rows (fast), or inside every mat-vec (fused: less memory, slower)."),
         click.option("--head", type=click.Choice(["auto", "screened", "full"]), default="auto",
                      show_default=True, help="LM head: screened reads an int8 copy of the head "
+                     "(6 or 7 bits a value where that pays on the model) "
                      "and recomputes only the rows it cannot rule out (the same tokens as full, "
                      "proven in docs/exact-head.md); full computes every logit; auto is full on "
                      "a GPU (wgpu on a real device, where the screen's round trips to the host "
