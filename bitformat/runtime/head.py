@@ -297,18 +297,21 @@ def waterfill_table(x: np.ndarray, j: np.ndarray | None = None) -> np.ndarray:
 
 @dataclass
 class ScreenTables:
-    """The int8 (int7) copy of the head and what bounds each row's error (built at load).
+    """The int8 (int7, int6) copy of the head and what bounds each row's error (built at
+    load).
 
     int8: codes ``c`` (-127..127) of ``e ~ d c``, d = max|e| / 127, stored ``c + 128``.
     int7: the same int8 codes as ``c = 2 h + b`` (h = floor(c / 2), -64..63; b = 0, 1); the
     screen reads ``h + 64`` (7 bits, packed) and bounds ``e ~ (d / 2) k`` with the odd codes
     ``k = 4 h + 1`` (the middle of 2h and 2h + 1); its candidates are then screened again
     with the int8 codes (``2 h`` plus the bit plane ``fine``), whose terms ``fine_A``,
-    ``fine_N`` are those of the int8 screen (at scale ``2 * scale``).
+    ``fine_N`` are those of the int8 screen (at scale ``2 * scale``). int6 likewise with
+    ``c = 4 h + b`` (h -32..31 stored ``h + 32`` by :func:`pack6`, b 0..3 in a 2-bit plane,
+    :func:`pack2`) and ``k = 8 h + 3``.
     """
 
-    codes: np.ndarray  # uint8 [V, row_bytes(dim, bits)]: int8: c + 128; int7: h + 64, packed
-    scale: np.ndarray  # float64 [V]: int8: d = max|e| / 127; int7: d / 2
+    codes: np.ndarray  # uint8 [V, row_bytes(dim, bits)]: int8: c + 128; int7/int6: h + off
+    scale: np.ndarray  # float64 [V]: int8: d = max|e| / 127; int7, int6: d / 2
     A: np.ndarray  # float64 [V]: bound per unit of ||x||: ||e - d c|| + gamma_D ||e||
     N: np.ndarray  # float64 [V]: bound per unit of ||x - x^||: ||d c||
     max_enorm: float  # max ||e||, for the overflow check
@@ -317,8 +320,9 @@ class ScreenTables:
     unit: float  # the full kernel's unit roundoff (2^-24 for float32)
     slack: float = 0.0  # further absolute slack per step (a device that may flush x's subnormals)
     bits: int = 8  # the codes' width (SCREEN_BITS)
-    fine: np.ndarray | None = None  # int7: uint8 [V, width / 8], bit i of byte j: b of value 8j+i
-    fine_A: np.ndarray | None = None  # int7: the int8 codes' A and N
+    # int7: uint8 [V, width / 8], bit i of byte j: b of value 8j+i; int6: pack2 of b
+    fine: np.ndarray | None = None
+    fine_A: np.ndarray | None = None  # int7, int6: the int8 codes' A and N
     fine_N: np.ndarray | None = None
     #: float64 [dim] powers of two (:func:`column_scales`): the codes are of ``e / cols``, the
     #: screen reads ``x * cols``; None: no column scales

@@ -169,22 +169,13 @@ class CpuBackend(Backend):
 
     def __init__(self, model: Model, *, i2s_variant: str = "x86", threads: int | None = None,
                  kernel: str | None = None, validate: bool = True, decode: str = "load"):
-        load_tbb()  # before numba starts its threads: work stealing (see .threadpool)
-        import numba
-
         if decode not in DECODE_MODES:
             raise RequestError(f"decode must be {' or '.join(DECODE_MODES)}, got "
                                f"{decode!r:.20}")
         super().__init__(model, dtype=np.float32, i2s_variant=i2s_variant)
         self.validate = validate
         self.decode = decode
-        self._set_threads = numba.set_num_threads
-        limit = numba.config.NUMBA_NUM_THREADS
-        self.threads = max(1, min(int(threads), limit)) if threads else limit
-        self._pickers: dict[tuple, ThreadPicker] | None = (
-            {} if threads is None and self.threads > 1 else None)
-        self._threads_now = 0  # numba's setting is per Python thread: set on first use
-        self.kernel = kernel or K.kernel_mode()
+        self._setup_threads(threads, kernel)
         vnni, avx2 = self.kernel == "vnni", self.kernel == "avx2"
         self._mm2 = K.mm2_vnni if vnni else K.mm2_avx2 if avx2 else K.mm2_portable
         self._mm2_prompt = (K.mm2_vnni_prompt if vnni else K.mm2_avx2 if avx2
@@ -213,6 +204,25 @@ class CpuBackend(Backend):
             self._head_raw = resident_copy(self._head_raw)
             if tied:
                 self._embed_raw = self._head_raw  # also what embed() reads
+        self._setup_head()
+
+    def _setup_threads(self, threads: int | None, kernel: str | None) -> None:
+        """The thread count, its pickers and the kernel build (``__init__``, ``head_only``)."""
+        load_tbb()  # before numba starts its threads: work stealing (see .threadpool)
+        import numba
+
+        self._set_threads = numba.set_num_threads
+        limit = numba.config.NUMBA_NUM_THREADS
+        self.threads = max(1, min(int(threads), limit)) if threads else limit
+        self._pickers: dict[tuple, ThreadPicker] | None = (
+            {} if threads is None and self.threads > 1 else None)
+        self._threads_now = 0  # numba's setting is per Python thread: set on first use
+        self.kernel = kernel or K.kernel_mode()
+
+    def _setup_head(self) -> None:
+        """The LM head's state from ``head_type`` and ``_head_raw`` (``__init__``,
+        ``head_only``): the rows the head kernels read and the screened head's tables."""
+        et = self.head_type
         self._lut = None
         self._lut_f16: np.ndarray | None = None  # f16 -> f32 of every pattern (q2_0 kernel)
         self._screen: EH.ScreenTables | None = None
@@ -244,31 +254,18 @@ class CpuBackend(Backend):
         run by this CPU's head and screen kernels (``kernel``: a build, default this CPU's)
         exactly as a loaded model's head runs them. It has no layers: only the head's methods
         (``lm_head``, ``screen_tables``, ``head_bounds``, ``head_rows``, ...) work."""
-        load_tbb()  # as __init__: before numba starts its threads
-        import numba
-
         be = object.__new__(cls)
         be.model = None
         be.embed_type = be.head_type = gtype
         be.head_name = "token_embd.weight"
-        be._E = np.ascontiguousarray(E)
-        be._head_raw = be._E.view(np.uint8)
+        be._head_raw = np.ascontiguousarray(E).view(np.uint8)
         be.vocab, be.dim = E.shape
         be.dtype, be.no_screen, be.head_nbytes = np.float32, None, None
-        be._set_threads = numba.set_num_threads
-        limit = numba.config.NUMBA_NUM_THREADS
-        be.threads = max(1, min(int(threads), limit)) if threads else limit
-        be._pickers = {} if threads is None and be.threads > 1 else None
-        be._threads_now = 0
-        be.kernel = kernel or K.kernel_mode()
+        be._setup_threads(threads, kernel)
         vnni = be.kernel == "vnni"
-        be._head_tokens = B.lm_head_tokens if vnni else None
+        be._head_tokens = B.lm_head_tokens if vnni else None  # as __init__
         be.amx = vnni and A.available()
-        be._lut = None if be.kernel in ("vnni", "avx2") or gtype == GGMLType.F32 else (
-            H.lut16(gtype.name))
-        be._lut_f16 = be._screen = be._screen_bits = be._bmax = be._sums = None
-        be._bounds_scratch, be._sums_scratch = {}, {}
-        be.screen_columns, be._screen_set = True, False
+        be._setup_head()
         return be
 
     def _arena_bytes(self) -> list[int]:

@@ -175,25 +175,6 @@ def _quantize_span_f32(E, lut, icols, codes, plane, scale, dnorm, qnorm, enorm, 
         _store_row(e, v, bits, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn)
 
 
-def _spans(span, V: int, args: list, threads: int | None) -> None:
-    """``span(*args[i], v0, v1)`` over rows 0 .. V split into shares, one Python thread each
-    running one compiled, GIL-free loop (numba's ``prange`` took 7.5 s to compile against 3 s
-    for the same loop, 2-core AMD EPYC; a first run compiles this while it loads the model).
-    ``args`` holds one tuple of arguments per share."""
-    n = len(args)
-    bounds = [V * i // n for i in range(n + 1)]
-    if n == 1:
-        span(*args[0], 0, V)
-        return
-    with ThreadPoolExecutor(n) as pool:
-        for f in [pool.submit(span, *args[i], bounds[i], bounds[i + 1]) for i in range(n)]:
-            f.result()
-
-
-def _shares(V: int, threads: int | None) -> int:
-    return max(1, min(threads or os.cpu_count() or 1, V // 1024 or 1))
-
-
 def column_choice(E, lut) -> np.ndarray | None:
     """The column scales of head rows ``E`` (uint16 bits valued by ``lut``, or float32 with
     ``lut`` None): :func:`..head.column_scales` of 4,096 rows spread over the head (any
@@ -211,15 +192,24 @@ def quantize_bits(E, lut, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fq
     ``bits``-bit ``codes`` (int8: uint8 ``c + 128``, padding 128; int7: :func:`_store_row`),
     ``scale`` d, ``||e - d c||``, ``||d c||``, ``||e||`` (float64, as evaluated) and
     ``bad[v]`` = 1 where the row holds a NaN or an infinity (its codes are then 0).
-    ``plane``, ``fdn``, ``fqn``: int7 only (else empty). With column scales ``cols``
-    (:func:`..head.column_scales`) all of it is of the rows ``e / cols``. The rows are split
-    over ``threads`` (default: the CPU count)."""
+    ``plane``, ``fdn``, ``fqn``: int7 and int6 only (else empty). With column scales
+    ``cols`` (:func:`..head.column_scales`) all of it is of the rows ``e / cols``. The rows are
+    split over ``threads`` (default: the CPU count) Python threads running one compiled,
+    GIL-free loop each: numba's ``prange`` took 7.5 s to compile against 3 s for the same loop
+    (2-core AMD EPYC), and a first run compiles this while it loads the model."""
     V = E.shape[0]
     lut = np.empty(0, np.float32) if lut is None else lut
     icols = np.ones(E.shape[1]) if cols is None else 1.0 / np.asarray(cols, np.float64)
-    args = (E, lut, icols, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits)
     span = _quantize_span if E.dtype == np.uint16 else _quantize_span_f32
-    _spans(span, V, [args] * _shares(V, threads), threads)
+    n = max(1, min(threads or os.cpu_count() or 1, V // 1024 or 1))
+    bounds = [V * i // n for i in range(n + 1)]
+    args = (E, lut, icols, codes, plane, scale, dnorm, qnorm, enorm, bad, fdn, fqn, bits)
+    if n == 1:
+        span(*args, 0, V)
+        return
+    with ThreadPoolExecutor(n) as pool:
+        for f in [pool.submit(span, *args, bounds[i], bounds[i + 1]) for i in range(n)]:
+            f.result()
 
 
 def quantize_rows(E, lut, dim: int, bits: int = 8, cols=None) -> tuple:
