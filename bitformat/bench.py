@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from .constants import DEFAULT_KV_TYPE
 from .container import Model, convert, open_model
 from .errors import RequestError
 from .formats import FORMAT_IDS
@@ -122,7 +123,7 @@ class BenchResult:
     tokens: int
     kv_bytes_per_position: int
     containers: list[ContainerBench] = field(default_factory=list)
-    kv_cache: str = "f32"  # the KV cache's element type
+    kv_cache: str = DEFAULT_KV_TYPE  # the KV cache's type (runtime/kvquant.py)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -169,10 +170,12 @@ def parse_formats(text: str | list[str] | tuple[str, ...]) -> list[str]:
     return [f for f in FORMAT_IDS if f in items]
 
 
-def kv_bytes_per_position(args: Any, kv_cache: str = "f32") -> int:
-    """K and V of every layer for one cached position (``kv_cache`` "f32" or "f16")."""
-    return 2 * args.n_layers * args.n_kv_heads * args.head_dim * (F32 if kv_cache == "f32"
-                                                                  else 2)
+def kv_bytes_per_position(args: Any, kv_cache: str = DEFAULT_KV_TYPE) -> int:
+    """K and V of every layer for one cached position (``kv_cache``: a
+    :data:`~bitformat.constants.KV_TYPES` type)."""
+    from .runtime.kvquant import row_bytes
+
+    return 2 * args.n_layers * args.n_kv_heads * row_bytes(kv_cache, args.head_dim)
 
 
 def class_bytes(model: Model, kv_bytes: int, decode: str = "") -> dict[str, int]:
@@ -251,7 +254,7 @@ def _timed_cpu(backend: Any, timers: _Timers) -> Iterator[None]:
 
 def _run_cpu(path: Path, prompt: list[int], tokens: int, threads: int | None,
              i2s_variant: str, decode: str = "load", compiles: _Compiles | None = None,
-             kv_cache: str = "f32"
+             kv_cache: str = DEFAULT_KV_TYPE
              ) -> tuple[dict[str, float], float, list[int], float, str, dict[str, Any]]:
     """(seconds per class, wall seconds, tokens, load seconds, device, screened) of ``tokens``
     timed decode steps with the full head; class seconds are totals over the steps.
@@ -337,7 +340,7 @@ def _run_screened(net: Any, prompt: list[int], tokens: int, want: list[int],
 
 
 def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: int,
-              decode: str = "load"
+              decode: str = "load", kv_cache: str = DEFAULT_KV_TYPE
               ) -> tuple[dict[str, float], float, list[int], float, dict[str, Any],
                          dict[str, Any] | None]:
     """The same on the GPU; class seconds are one profiled step at the mean length. The
@@ -348,7 +351,7 @@ def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: i
     n = len(prompt) + 1 + tokens
     t0 = time.perf_counter()
     net = WgpuBitNet(_args(model), WgpuBackend(model, device=dev, context=n, decode=decode),
-                     head="screened")
+                     head="screened", kv_type=kv_cache)
     load_s = time.perf_counter() - t0
     cache = net.new_cache(n)
     tok = net.greedy(prompt, cache)
@@ -379,23 +382,25 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
               repeats: int = 3, i2s_variant: str = "x86",
               convert_progress: Callable[[str, int], Any] | None = None,
               stage: Callable[[str, str], None] | None = None,
-              kv_cache: str = "f32") -> BenchResult:
+              kv_cache: str = DEFAULT_KV_TYPE) -> BenchResult:
     """Convert ``path`` into each container of ``formats`` and benchmark decoding on ``backend``.
 
     ``convert_progress(fid, total_bytes)`` may return a per-tensor callback with ``close()``
     (a progress bar); ``stage(fid, what)`` hears "converting", "loading and decoding" and "done".
     ``repeats`` is the wgpu profile's. A source already in a container is used as it is.
-    ``kv_cache``: the KV cache's element type on the cpu backend ("f32" or "f16").
+    ``kv_cache``: the KV cache's type (f16, f32; q8_0 on the cpu backend). The wgpu step
+    holds an f16 cache's values in float32 slots, and its bytes per step say so.
     """
     if backend not in BACKENDS:
         raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
     if tokens < 1:
         raise RequestError("bench needs at least one decode step (--tokens)")
-    from .runtime.models.base import check_kv_type
+    from .runtime.kvquant import check_kv_type
 
     check_kv_type(kv_cache)
-    if kv_cache != "f32" and backend != "cpu":
-        raise RequestError(f"bench times a {kv_cache} KV cache on the cpu backend only")
+    if kv_cache == "q8_0" and backend != "cpu":
+        raise RequestError("bench times a q8_0 KV cache on the cpu backend only (the wgpu "
+                           "step keeps f16 or f32)")
     fids = parse_formats(formats)
     src = Path(path)
     with open_model(src, i2s_variant=i2s_variant) as m:
@@ -403,7 +408,7 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
         src_container = m.container if src.is_file() else None
         total = sum(e.nbytes for e in m.entries)
     prompt = [t % args.vocab_size for t in PROMPT_IDS]
-    kv_pos = kv_bytes_per_position(args, kv_cache)
+    kv_pos = kv_bytes_per_position(args, kv_cache if backend == "cpu" else "f32")
     kv = kv_pos * (2 * len(prompt) + tokens + 3) // 2  # mean over the timed steps
     dev = None
     if backend == "wgpu":
@@ -465,7 +470,7 @@ def _bench_one(target: Path, fid: str, backend: str, dev: Any, prompt: list[int]
             per_class = {k: v / tokens for k, v in secs.items()}
         else:
             per_class, wall, out, load_s, detail, screened = _run_wgpu(
-                model, dev, prompt, tokens, repeats, decode or "load")
+                model, dev, prompt, tokens, repeats, decode or "load", result.kv_cache)
             result.timing = detail["clock"]
     classes = {k: {"bytes": nbytes[k], "ms": per_class[k] * 1e3,
                    "gbps": nbytes[k] / per_class[k] / 1e9 if per_class[k] > 0 else 0.0}

@@ -166,8 +166,12 @@ SCALAR_FORMAT = {
 }
 
 
-#: what ``--kv-cache`` takes: the KV cache's element type. "f32" keeps keys and values as the
-#: model computes them (float32; float64 on the numpy backend in float64); "f16" rounds them
-#: to float16 as they are stored (to nearest, ties to even): half the bytes a decode step
-#: reads at long contexts, and every backend that has it rounds the same way
-KV_TYPES = ("f32", "f16")
+#: what ``--kv-cache`` takes: the KV cache's element type (:mod:`bitformat.runtime.kvquant`).
+#: "f16" (the default, as llama.cpp's) rounds keys and values to float16 as they are stored
+#: (to nearest, ties to even): half the bytes of "f32", which keeps them as the model computes
+#: them (float32; float64 on the numpy backend in float64). "q8_0" stores llama.cpp's 32-value
+#: int8 blocks with a float16 scale: 8.5 bits a value, lossy. Every backend that has a type
+#: stores it the same way, so they give the same tokens for the same setting
+KV_TYPES = ("f16", "f32", "q8_0")
+#: the KV cache type ``run``, ``chat``, ``serve``, ``bench`` and ``load()`` use unless told
+DEFAULT_KV_TYPE = "f16"

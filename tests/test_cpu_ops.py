@@ -148,7 +148,7 @@ def test_attend_one_same_bits_on_any_threads(pos):
     kb, vb = kc[None].copy(), vc[None].copy()
     ops.attend_rows(q[None], k[None], v[None], cos[None], sin[None],
                     np.array([kb.ctypes.data]), np.array([vb.ctypes.data]),
-                    np.array([pos + 1]), np.array([pos]), 0, rows)
+                    np.array([pos + 1]), np.array([pos]), np.zeros(d, np.float32), 0, rows)
     np.testing.assert_array_equal(rows[0], outs[0])
     a = outs[0]
     group = heads // kv
@@ -159,15 +159,25 @@ def test_attend_one_same_bits_on_any_threads(pos):
         np.testing.assert_allclose(a[h * d: (h + 1) * d], want, rtol=1e-4, atol=1e-5)
 
 
-def test_attend_rows_same_bits_as_attend_one():
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+def test_attend_rows_same_bits_as_attend_one(kind):
     """A decode step's tokens in one call, each on its own cache (other lengths, positions,
-    layers), give attend_one's bits and cache writes, and touch nothing else."""
+    layers; every cache type), give attend_one's bits and cache writes, and touch nothing
+    else."""
+    from bitformat.runtime import kvquant
+
     rng = np.random.default_rng(11)
     layers, heads, kv, d = 3, 8, 2, 32
     lens, pos = [40, 7, 600, 41], [39, 0, 530, 25]
     T, layer = len(lens), 1
-    caches = [(rng.standard_normal((layers, n, kv, d)).astype(np.float32),
-               rng.standard_normal((layers, n, kv, d)).astype(np.float32)) for n in lens]
+
+    def cache(n):
+        c = np.zeros((layers, n, kv, kvquant.row_width(kind, d)), kvquant.storage_dtype(kind))
+        kvquant.store(c.reshape((-1,) + c.shape[2:]), 0,
+                      rng.standard_normal((layers * n, kv, d)).astype(np.float32))
+        return ops.kernel_cache(c)
+
+    caches = [(cache(n), cache(n)) for n in lens]
     before = [(kc.copy(), vc.copy()) for kc, vc in caches]
     q = rng.standard_normal((T, heads, d)).astype(np.float32)
     k = rng.standard_normal((T, kv, d)).astype(np.float32)
@@ -178,7 +188,7 @@ def test_attend_rows_same_bits_as_attend_one():
     out = np.full((T, heads * d), np.nan, np.float32)
     addr = [np.array([c[i].ctypes.data for c in caches], np.int64) for i in (0, 1)]
     ops.attend_rows(q, k, v, cos, sin, *addr, np.array(lens, np.int64),
-                    np.array(pos, np.int64), layer, out)
+                    np.array(pos, np.int64), caches[0][0][0, 0, 0], layer, out)
     for t, ((kc, vc), (kb, vb)) in enumerate(zip(caches, before, strict=True)):
         want = np.empty(heads * d, np.float32)
         ops.attend_one(q[t], k[t], v[t], cos[t], sin[t], kb[layer], vb[layer], pos[t], want)
@@ -228,11 +238,14 @@ def test_weights_are_arena_copies_of_container_bytes(cpu_models, tiny_containers
                 np.testing.assert_array_equal(w.data.reshape(-1), raw[: w.data.size])
 
 
-@pytest.mark.parametrize("fid", ["i2_s", "stfma", "rans", "tq2_0"])
-def test_decode_row_same_bits_as_layer_by_layer(cpu_models, fid):
+@pytest.mark.parametrize("fid,kind", [("i2_s", "f16"), ("i2_s", "f32"), ("i2_s", "q8_0"),
+                                      ("stfma", "f16"), ("rans", "f16"), ("tq2_0", "f16")])
+def test_decode_row_same_bits_as_layer_by_layer(cpu_models, fid, kind, monkeypatch):
     """The one-call decode step (where the backend has a plan) against the same network run
-    layer by layer: hidden states and both KV caches equal after every one of 40 steps."""
+    layer by layer: hidden states and both KV caches (of each type) equal after every one of
+    40 steps."""
     net = cpu_models[fid].net
+    monkeypatch.setattr(net, "kv_type", kind)
     plan = net._decode_plan()
     if fid == "tq2_0":  # not a 2-bit slot layout: no plan, the layer-by-layer path runs
         assert plan is None
@@ -276,7 +289,9 @@ def test_decode_row_team_same_bits_for_any_team(cpu_models, numba_threads, team,
     d2 = plan.head_dim // 2
     cos, sin = (rng.standard_normal(d2).astype(np.float32) for _ in range(2))
     h0 = rng.standard_normal((1, net.args.dim)).astype(np.float32)
-    k0 = rng.standard_normal(net.new_cache(16).k.shape).astype(np.float32)
+    room = net.new_cache(16)
+    room.reserve(16)
+    k0 = rng.standard_normal(room.k.shape).astype(np.float32)  # an f32 cache
     results = []
     before = numba.get_num_threads()
     try:
@@ -311,9 +326,11 @@ def test_decode_row_team_survives_overflowing_weights(cpu_models, team):
     d2 = plan.head_dim // 2
     cos, sin = np.ones(d2, np.float32), np.zeros(d2, np.float32)
     cache = net.new_cache(8)
+    cache.reserve(8)
     h = rng.standard_normal((1, net.args.dim)).astype(np.float32)
     D._decode_row(be._arena.buf, plan.mats, plan.ws, gains, plan.eps, plan.lane, plan.heads,
-                  cache.k, cache.v, 0, cos, sin, team, 64, h)
+                  ops.kernel_cache(cache.k), ops.kernel_cache(cache.v), 0, cos, sin, team, 64,
+                  h)
     assert not np.isfinite(h).all()
 
 

@@ -1,89 +1,149 @@
-"""The KV cache's element type (``--kv-cache f32|f16``): float16 keys and values, rounded as
-they are stored, on the numpy and cpu backends alike."""
+"""The KV cache's type (``--kv-cache f16|f32|q8_0``, runtime/kvquant.py): keys and values
+rounded as they are stored, the same way on every backend, and caches that grow with use."""
 
 from __future__ import annotations
 
 import json
 
+import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from gguf import quants
 
 from bitformat.cli import main
 from bitformat.errors import RequestError
-from bitformat.runtime import load
-from bitformat.runtime.models.base import KVCache, Segment
+from bitformat.runtime import kvquant, load
+from bitformat.runtime.cpu import ops
+from bitformat.runtime.models.base import KV_BLOCK, KVCache, Segment
 
 PROMPT = [5, 17, 300, 42, 7, 99, 480, 1, 250, 33, 64, 128]
+TYPES = ("f16", "f32", "q8_0")
 
 
 def rel_err(a, b) -> float:
     return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
 
 
-def steps(m, tokens, kv_cache):
-    """Logits of every position, one token at a time through a cache of that type."""
-    m.net.kv_type = kv_cache
-    try:
+class kv_type:
+    """``net.kv_type`` set for a block, then put back."""
+
+    def __init__(self, net, kind: str):
+        self.net, self.kind = net, kind
+
+    def __enter__(self):
+        self.old, self.net.kv_type = self.net.kv_type, self.kind
+
+    def __exit__(self, *exc):
+        self.net.kv_type = self.old
+
+
+def steps(m, tokens, kind):
+    """Logits of every position, one token at a time through a cache of type ``kind``."""
+    with kv_type(m.net, kind):
         cache = m.net.new_cache(len(tokens))
         out = np.concatenate([m.net.forward([t], cache) for t in tokens])
-    finally:
-        m.net.kv_type = "f32"
     return out, cache
 
 
-def test_f16_cache_holds_rounded_values_and_half_the_bytes(tiny_gguf):
-    with load(tiny_gguf, backend="numpy") as m:
-        a, c32 = steps(m, PROMPT * 6, "f32")
-        b, c16 = steps(m, PROMPT * 6, "f16")
-    assert c16.k.dtype == np.float16 and c32.k.dtype == np.float32
-    assert c16.nbytes * 2 == c32.nbytes and c16.length == c32.length == len(PROMPT) * 6
-    # the same keys, rounded: the first layer's first position is computed from the same
-    # inputs (after it, the rounded values feed what follows)
-    np.testing.assert_array_equal(c16.k[0, 0], c32.k[0, 0].astype(np.float16))
-    np.testing.assert_array_equal(c16.v[0, 0], c32.v[0, 0].astype(np.float16))
-    # lossy: the logits move (on this random tiny model small changes of the int8
-    # activations cascade, so how far says little; tests below compare like with like)
-    assert np.isfinite(b).all() and rel_err(b, a) > 0
+# -- the q8_0 rows: llama.cpp's blocks ------------------------------------------------------------
+def test_q8_0_rows_decode_as_gguf_py_decodes_its_own_blocks():
+    """gguf-py's Q8_0 quantizer (an independent implementation of ggml's reference) and ours
+    give the same values; our row holds the same codes and scale bits, in its own order."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((64, 128)) * rng.uniform(0.01, 30, (64, 1))).astype(np.float32)
+    x[3] = 0.0  # a zero block: scale 0, codes 0
+    ours = kvquant.quantize_q8_0(x)
+    assert ours.shape == (64, 128 + 8) and ours.dtype == np.int8
+    theirs = quants.quantize(x, gguf.GGMLQuantizationType.Q8_0).reshape(64, 4, 34)
+    np.testing.assert_array_equal(ours[:, 128:].view(np.uint16),
+                                  theirs[:, :, :2].copy().view(np.uint16)[..., 0])
+    codes = theirs[:, :, 2:].view(np.int8).reshape(64, 128)
+    # gguf-py divides by the scale where ggml multiplies by its inverse: a code can differ by
+    # one where x sits on a rounding tie in one and not the other
+    diff = np.abs(ours[:, :128].astype(int) - codes)
+    assert diff.max() <= 1 and (diff == 0).mean() > 0.999
+    back = quants.dequantize(quants.quantize(x, gguf.GGMLQuantizationType.Q8_0),
+                             gguf.GGMLQuantizationType.Q8_0)
+    mine = kvquant.dequantize_q8_0(ours, 128)
+    assert np.abs(mine - back).max() <= np.abs(x).max() / 127 * 1.01
+    assert np.abs(mine - x).max() <= np.abs(x).max() / 127 / 2 * 1.01  # half a step at most
+    assert not mine[3].any()
 
 
-@pytest.mark.parametrize("length", [12, 200])
-def test_f16_cache_cpu_matches_numpy(tiny_gguf, cpu_models, length):
-    """The cpu kernels round keys and values as numpy does and read them back exactly: the
-    cpu backend with an f16 cache stays as close to the numpy reference with an f16 cache as
-    the two are with f32 caches (past 64 positions the attention runs in merged parts)."""
-    tokens = (PROMPT * 20)[:length]
-    with load(tiny_gguf, backend="numpy") as ref:
-        want16, r16 = steps(ref, tokens, "f16")
-        want32, _ = steps(ref, tokens, "f32")
+def test_q8_0_rounds_halves_away_from_zero_and_takes_partial_blocks():
+    x = np.array([[127.0, 0.5, -0.5, 1.5, -2.5, 0.49999997, 3.0]], np.float32)  # scale 1
+    row = kvquant.quantize_q8_0(x)
+    assert row.shape == (1, 7 + 2)  # one partial block
+    np.testing.assert_array_equal(row[0, :7], [127, 1, -1, 2, -3, 0, 3])
+    assert kvquant.dequantize_q8_0(row, 7)[0, 0] == 127.0
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_cpu_kernels_store_the_rows_numpy_stores(kind):
+    """``attend_one`` writes each key and value row with the bits kvquant writes (float16
+    rounding, q8_0 codes and scales), and reads them back as kvquant does."""
+    rng = np.random.default_rng(2)
+    H, KV, d, n = 4, 2, 96, 70  # 96: three q8_0 blocks; 70 positions: two runs of attention
+    width = kvquant.row_width(kind, d)
+    dtype = kvquant.storage_dtype(kind)
+    kc, vc = np.zeros((n, KV, width), dtype), np.zeros((n, KV, width), dtype)
+    ks = (rng.standard_normal((n, KV, d)) * 3).astype(np.float32)
+    vs = rng.standard_normal((n, KV, d)).astype(np.float32)
+    cos, sin = np.ones(d // 2, np.float32), np.zeros(d // 2, np.float32)  # no rotation
+    out = np.empty(H * d, np.float32)
+    for t in range(n):
+        q = rng.standard_normal((H, d)).astype(np.float32)
+        ops.attend_one(q, ks[t], vs[t], cos, sin, ops.kernel_cache(kc), ops.kernel_cache(vc),
+                       t, out)
+    ref_k, ref_v = np.zeros_like(kc), np.zeros_like(vc)
+    kvquant.store(ref_k, 0, ks)
+    kvquant.store(ref_v, 0, vs)
+    np.testing.assert_array_equal(kc, ref_k)
+    np.testing.assert_array_equal(vc, ref_v)
+    # the last query's output against numpy attention over the values kvquant reads back
+    from bitformat.runtime.backend import attention
+
+    want = attention(q[None], kvquant.load(kc, n, d), kvquant.load(vc, n, d), n - 1)[0]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+# -- every backend, the same tokens for the same type -------------------------------------------
+@pytest.mark.parametrize("kind", TYPES)
+def test_cache_type_greedy_tokens_cpu_equal_numpy(tiny_gguf, cpu_models, kind):
+    """Past 64 positions the cpu attention runs in merged parts."""
+    prompt = PROMPT * 6
+    with load(tiny_gguf, backend="numpy", kv_cache=kind) as ref:
+        want = ref.generate(prompt, max_new_tokens=24, stop_ids=[]).tokens
     cpu = cpu_models["i2_s"]
-    got16, c16 = steps(cpu, tokens, "f16")
-    got32, _ = steps(cpu, tokens, "f32")
-    assert rel_err(got16, want16) < max(1e-4, 3 * rel_err(got32, want32))
-    assert c16.k.dtype == np.float16
-    close = np.isclose(c16.k[:, :length].astype(np.float32), r16.k[:, :length], rtol=2e-3,
-                       atol=2e-3)
-    assert close.mean() > 0.999  # the same rounded keys, but for the last bits of a few
-
-
-def test_f16_cache_greedy_tokens_cpu_equal_numpy(tiny_gguf, cpu_models):
-    cpu = cpu_models["i2_s"]
-    with load(tiny_gguf, backend="numpy", kv_cache="f16") as ref:
-        want = ref.generate(PROMPT, max_new_tokens=24, stop_ids=[]).tokens
-    cpu.net.kv_type = "f16"
-    try:
-        got = cpu.generate(PROMPT, max_new_tokens=24, stop_ids=[]).tokens
-    finally:
-        cpu.net.kv_type = "f32"
+    with kv_type(cpu.net, kind):
+        got = cpu.generate(prompt, max_new_tokens=24, stop_ids=[]).tokens
     assert got == want
 
 
-def test_f16_cache_batched_step_equals_one_at_a_time(cpu_models):
-    """A decode step of several requests (the server's) on f16 caches gives each request the
-    hidden state it gets alone."""
+@pytest.mark.parametrize("kind", ("f16", "q8_0"))
+def test_cache_type_holds_rounded_values_and_fewer_bytes(tiny_gguf, kind):
+    with load(tiny_gguf, backend="numpy") as m:
+        a, c32 = steps(m, PROMPT * 6, "f32")
+        b, c = steps(m, PROMPT * 6, kind)
+    d = m.args.head_dim
+    assert c32.k.dtype == np.float32 and c.k.dtype == kvquant.storage_dtype(kind)
+    assert c.nbytes * 4 == c32.nbytes * kvquant.row_bytes(kind, d) // d
+    assert c.length == c32.length == len(PROMPT) * 6
+    # the first layer's first position is computed from the same inputs: the same keys,
+    # rounded (after it, the rounded values feed what follows)
+    want = np.zeros_like(c.k[0, :1])
+    kvquant.store(want, 0, c32.k[0, :1])
+    np.testing.assert_array_equal(c.k[0, 0], want[0])
+    assert np.isfinite(b).all() and rel_err(b, a) > 0  # lossy: the logits move
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_batched_step_equals_one_at_a_time(cpu_models, kind):
+    """A decode step of several requests (the server's) gives each request the hidden state
+    and the cache rows it gets alone, for every cache type."""
     net = cpu_models["i2_s"].net
-    net.kv_type = "f16"
-    try:
+    with kv_type(net, kind):
         caches = [net.new_cache(80) for _ in range(3)]
         alone = [net.new_cache(80) for _ in range(3)]
         for i, (c, a) in enumerate(zip(caches, alone, strict=True)):
@@ -93,45 +153,75 @@ def test_f16_cache_batched_step_equals_one_at_a_time(cpu_models):
         together = net.forward_hidden([Segment([7 + i], c) for i, c in enumerate(caches)])
         each = np.concatenate([net.forward_hidden([Segment([7 + i], a)])
                                for i, a in enumerate(alone)])
-    finally:
-        net.kv_type = "f32"
     np.testing.assert_array_equal(together, each)
     for c, a in zip(caches, alone, strict=True):
         np.testing.assert_array_equal(c.k, a.k)
 
 
-def test_kv_cache_type_refused_where_it_does_not_apply(tiny_gguf):
-    with pytest.raises(RequestError, match="KV cache type must be f32 or f16"):
+# -- memory that grows with use ---------------------------------------------------------------
+def test_cache_grows_in_blocks_and_keeps_what_it_holds(tiny_gguf, cpu_models):
+    net = cpu_models["i2_s"].net
+    cache = net.new_cache(2 * KV_BLOCK + 10)
+    assert cache.capacity == 0 and cache.allocated == 0  # nothing held, nothing reserved
+    net.forward_hidden([Segment(PROMPT, cache)])
+    assert cache.capacity == KV_BLOCK
+    first = cache.k[:, :len(PROMPT)].copy()
+    net.forward_hidden([Segment(PROMPT * 22, cache)])  # 276 positions: a second block
+    assert cache.length == len(PROMPT) * 23 and cache.capacity == 2 * KV_BLOCK
+    np.testing.assert_array_equal(cache.k[:, :len(PROMPT)], first)
+    net.forward_hidden([Segment(PROMPT * 20, cache)])  # past 2 blocks: up to max_len only
+    assert cache.capacity == cache.max_len == 2 * KV_BLOCK + 10
+    assert cache.allocated == cache.k.nbytes * 2
+    # and the tokens are those of a cache made whole up front
+    grown = net.new_cache(300)
+    whole = net.new_cache(300)
+    whole.reserve(300)
+    a = net.forward_hidden([Segment(PROMPT * 24, grown)])
+    b = net.forward_hidden([Segment(PROMPT * 24, whole)])
+    np.testing.assert_array_equal(a, b)
+
+
+def test_cache_type_refused_with_its_name(tiny_gguf):
+    with pytest.raises(RequestError, match="KV cache type must be f16, f32, q8_0"):
         load(tiny_gguf, backend="numpy", kv_cache="q4")
-    with pytest.raises(RequestError, match="wgpu backend keeps its cache"):
-        load(tiny_gguf, backend="wgpu", kv_cache="f16")
     with load(tiny_gguf, backend="numpy") as m, pytest.raises(RequestError, match="KV cache"):
         KVCache(m.args, 4, np.float32, "bf16")
+    r = CliRunner().invoke(main, ["run", str(tiny_gguf), "--prompt-ids", "5", "--kv-cache",
+                                  "q4"])
+    assert r.exit_code == 2 and "f16" in r.output and "q8_0" in r.output
+
+
+def test_default_cache_is_f16(tiny_gguf):
+    with load(tiny_gguf, backend="numpy") as m:
+        assert m.net.kv_type == "f16" and m.net.new_cache(4).store == np.float16
 
 
 def test_run_reports_the_cache_type_and_its_bytes(tiny_gguf):
     out = {}
-    for kv in ("f32", "f16"):
+    for kind in TYPES:
         r = CliRunner().invoke(main, ["run", str(tiny_gguf), "--prompt-ids", "5,17,300,42",
-                                      "-n", "6", "--backend", "numpy", "--kv-cache", kv,
+                                      "-n", "6", "--backend", "numpy", "--kv-cache", kind,
                                       "--json"])
         assert r.exit_code == 0, r.output
-        out[kv] = json.loads(r.output.strip().splitlines()[-1])
-    assert out["f16"]["kv_cache"] == "f16" and out["f32"]["kv_cache"] == "f32"
+        out[kind] = json.loads(r.output.strip().splitlines()[-1])
+    assert [out[k]["kv_cache"] for k in TYPES] == list(TYPES)
     assert out["f16"]["kv_cache_bytes_last_token"] * 2 == out["f32"]["kv_cache_bytes_last_token"]
+    q8 = out["q8_0"]["kv_cache_bytes_last_token"]
+    assert q8 * 64 == out["f32"]["kv_cache_bytes_last_token"] * 17  # 34 bytes per 32 values
     assert (out["f32"]["bytes_read_per_token"] - out["f16"]["bytes_read_per_token"]
             == out["f16"]["kv_cache_bytes_last_token"])
 
 
-def test_bench_times_an_f16_cache(tiny_gguf):
-    r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--formats", "i2_s", "--tokens", "4",
-                                  "--kv-cache", "f16", "--json"])
-    assert r.exit_code == 0, r.output
-    res = json.loads(r.output[r.output.index("{"):])
-    assert res["kv_cache"] == "f16"
+def test_bench_times_each_cache_type(tiny_gguf):
     with load(tiny_gguf, backend="numpy") as m:
         a = m.args
-    assert res["kv_bytes_per_position"] == 2 * a.n_layers * a.n_kv_heads * a.head_dim * 2
+    for kind, per in (("f16", 2 * a.head_dim), ("q8_0", a.head_dim + 2 * (a.head_dim // 32))):
+        r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--formats", "i2_s", "--tokens",
+                                      "4", "--kv-cache", kind, "--json"])
+        assert r.exit_code == 0, r.output
+        res = json.loads(r.output[r.output.index("{"):])
+        assert res["kv_cache"] == kind
+        assert res["kv_bytes_per_position"] == 2 * a.n_layers * a.n_kv_heads * per
     r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--formats", "i2_s", "--backend",
-                                  "wgpu", "--kv-cache", "f16"])
+                                  "wgpu", "--kv-cache", "q8_0"])
     assert r.exit_code == 1 and "cpu backend only" in r.output

@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from ..constants import DEFAULT_KV_TYPE
+
 
 def cores() -> int:
     """CPU cores this process may run on."""
@@ -155,7 +157,7 @@ class CompileNotice:
 @contextlib.contextmanager
 def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
                 decode: str = "load", head: str = "auto",
-                kv_cache: str = "f32") -> Iterator[Any]:
+                kv_cache: str = DEFAULT_KV_TYPE) -> Iterator[Any]:
     """``load`` with a bar over the layers, the synthetic-model note, and the kernels compiled
     (or read from numba's cache) before anything is timed, saying so when they compile."""
     from ..guide import is_synthetic, synthetic_note

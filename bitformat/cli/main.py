@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from ..constants import KV_TYPES
+from ..constants import DEFAULT_KV_TYPE, KV_TYPES
 from ..errors import BitformatError, Terminated
 from ..formats import CONVERT_TARGETS
 from .helpers import CompileNotice, check_output, check_threads, quantized_line
@@ -318,10 +318,13 @@ def _parse_ids(text: str | None) -> list[int] | None:
 
 
 KV_CACHE_OPTION = click.option(
-    "--kv-cache", type=click.Choice(KV_TYPES), default="f32", show_default=True,
-    help="Element type of the KV cache: f16 rounds keys and values to float16 as they are "
-         "stored (lossy: the text can differ from f32's; half the bytes a step reads at long "
-         "contexts and half the memory; numpy and cpu backends).")
+    "--kv-cache", type=click.Choice(KV_TYPES), default=DEFAULT_KV_TYPE, show_default=True,
+    help="How the KV cache holds keys and values: f16 rounds them to float16 (as llama.cpp "
+         "does by default), f32 keeps them as computed (twice the memory and the bytes a "
+         "step reads at long contexts), q8_0 stores llama.cpp's int8 blocks of 32 with a "
+         "float16 scale (about half of f16's bytes; lossy: the text can differ from f16's "
+         "and f32's; on wgpu it runs op by op). Every backend gives the same tokens for "
+         "the same type.")
 
 
 def _generation_options(fn):

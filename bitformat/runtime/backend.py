@@ -51,6 +51,7 @@ from ..formats.q2_0 import QK as Q2_0_QK
 from ..formats.q2_0 import unpack_codes
 from ..io.model import Model
 from ..ternary import TernaryTensor
+from . import kvquant
 
 #: GGML types of the embedding and the LM head that backends run.
 HEAD_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.F64, GGMLType.Q2_0)
@@ -400,10 +401,11 @@ class Backend(ABC):
                vc: np.ndarray, start: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """RoPE on q [T, H, d] and k [T, KV, d], k and v stored in one layer's cache ``kc``/
         ``vc`` at positions ``start..``, then causal attention over the cache -> [T, H * d]."""
-        T = q.shape[0]
-        kc[start: start + T] = rope(k, cos, sin)
-        vc[start: start + T] = v
-        return attention(rope(q, cos, sin), kc[: start + T], vc[: start + T], start)
+        T, d = q.shape[0], q.shape[2]
+        kvquant.store(kc, start, rope(k, cos, sin))  # rounded to the cache's type
+        kvquant.store(vc, start, v)
+        return attention(rope(q, cos, sin), kvquant.load(kc, start + T, d),
+                         kvquant.load(vc, start + T, d), start)
 
     @abstractmethod
     def bitlinear(self, qa: QuantizedActivations, w: Any) -> np.ndarray:

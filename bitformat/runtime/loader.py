@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import DEFAULT_KV_TYPE
 from ..container import open_model, require_ternary
 from ..errors import BitformatError, MetadataError, RequestError
 from ..io.model import Model
@@ -28,8 +29,8 @@ from .generate import (
     stream_generate,
 )
 from .head import HEAD_MODES, Head
+from .kvquant import check_kv_type
 from .models import ModelArgs, Segment, model_class
-from .models.base import check_kv_type
 from .sampling import Sampler
 
 BACKENDS = ("numpy", "cpu", "wgpu")
@@ -56,7 +57,8 @@ class LoadedModel:
     """
 
     def __init__(self, container: Model, backend: Backend, args: ModelArgs, tokenizer: Any, *,
-                 progress: Callable[[int, int], None] | None = None, head: str = "auto"):
+                 progress: Callable[[int, int], None] | None = None, head: str = "auto",
+                 kv_type: str = DEFAULT_KV_TYPE):
         self.container_model = container
         self.backend = backend
         self.args = args
@@ -64,12 +66,15 @@ class LoadedModel:
         head = resolve_head(head, backend)
         if backend.name == "wgpu" and backend.dev.subgroups:
             # every family's whole step on the device, one command buffer a token (a device
-            # without subgroup operations runs the shared graph op by op instead)
-            from .wgpu.network import WgpuBitNet
+            # without subgroup operations, or a q8_0 cache, runs the shared graph op by op)
+            from .wgpu.network import KV_ROUND, WgpuBitNet
 
-            self.net = WgpuBitNet(args, backend, progress=progress, head=head)
+            if kv_type in KV_ROUND:
+                self.net = WgpuBitNet(args, backend, progress=progress, head=head,
+                                      kv_type=kv_type)
         if self.net is None:
             self.net = model_class(args)(args, backend, progress=progress, head=head)
+            self.net.kv_type = kv_type
         self.tokenizer = tokenizer
         self.container = container.container
         # A decode step reads every ternary matrix, the norms and the whole LM head once: in
@@ -174,7 +179,7 @@ class LoadedModel:
         warm = self.backend.warm_attention
         if "long" in parts and warm is not None:
             plan = getattr(self.net, "_decode_plan", lambda: None)()
-            if self.net.kv_type != "f32" or plan is None:  # steps run layer by layer
+            if plan is None:  # steps run layer by layer
                 warm(self.net.kv_type)
         return time.perf_counter() - t0
 
@@ -195,7 +200,7 @@ class LoadedModel:
 def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32",
          threads: int | None = None, i2s_variant: str = "x86", validate: bool = True,
          decode: str = "load", progress: Callable[[int, int], None] | None = None,
-         head: str = "auto", kv_cache: str = "f32") -> LoadedModel:
+         head: str = "auto", kv_cache: str = DEFAULT_KV_TYPE) -> LoadedModel:
     """Open a ternary model (any container, or an HF folder) of any family on ``backend``.
 
     ``backend``: "cpu" (numba kernels, float32), "numpy" (the reference; ``dtype``
@@ -213,8 +218,10 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     every step) or "auto" (the default, :func:`resolve_head`: full on a GPU, screened
     elsewhere); on the wgpu backend the screen and the candidate rows run on the device (the
     int8 copy is made and uploaded on the first screened step or warmup).
-    ``kv_cache``: the KV cache's element type, "f32" (the default) or "f16" (keys and values
-    rounded to float16 as they are stored: half the bytes at long contexts; numpy and cpu).
+    ``kv_cache``: the KV cache's type (:mod:`.kvquant`): "f16" (the default, as llama.cpp's:
+    keys and values rounded to float16 as they are stored), "f32" (as computed: twice the
+    bytes) or "q8_0" (llama.cpp's int8 blocks of 32 with a float16 scale, lossy: 8.5 bits a
+    value; on wgpu it runs op by op). Every backend rounds the same way for the same type.
     ``LoadedModel.load_seconds`` says how long loading took.
     ``progress(layer, n_layers)`` is called as each layer's weights are ready (loading the
     2B-4T model takes seconds). Kernels compile on first use: :meth:`LoadedModel.warmup`.
@@ -224,9 +231,6 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
     if decode not in ("load", "fused"):
         raise RequestError(f"decode must be load or fused, got {decode!r:.20}")
     check_kv_type(kv_cache)
-    if kv_cache != "f32" and backend == "wgpu":
-        raise RequestError(f"a {kv_cache} KV cache runs on the numpy and cpu backends; the wgpu "
-                           "backend keeps its cache on the device in float32 (--kv-cache f32)")
     t0 = time.perf_counter()
     if backend not in BACKENDS:
         raise RequestError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
@@ -263,8 +267,8 @@ def load(path: str | os.PathLike, backend: str = "cpu", *, dtype: str = "float32
                 if exc.path is not None:
                     raise
                 raise type(exc)(exc.problem, path=str(path), tensor=exc.tensor) from None
-        loaded = LoadedModel(container, be, args, tokenizer, progress=progress, head=head)
-        loaded.net.kv_type = kv_cache
+        loaded = LoadedModel(container, be, args, tokenizer, progress=progress, head=head,
+                             kv_type=kv_cache)
         loaded.load_seconds = time.perf_counter() - t0
         return loaded
     except BaseException:

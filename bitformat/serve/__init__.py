@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..constants import DEFAULT_KV_TYPE
 from ..errors import RequestError
 
 __all__ = ["serve"]
@@ -32,12 +33,13 @@ def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
           backend: str = "cpu", api_key: str | None = None, max_batch: int = 8,
           context: int | None = None, max_queue: int = 64, threads: int | None = None,
           i2s_variant: str = "x86", ready: Callable[[dict], None] | None = None,
-          access_log: Callable[[str], None] | None = None, kv_cache: str = "f32") -> None:
+          access_log: Callable[[str], None] | None = None,
+          kv_cache: str = DEFAULT_KV_TYPE) -> None:
     """Serve ``path`` until a signal stops it. ``ready(info)`` is called once the port
     listens, with ``url``, ``model``, ``backend``, ``max_batch`` and ``context``;
     ``access_log(line)`` once per request that has ended (client, method and path, status,
-    tokens in and out, milliseconds). ``kv_cache``: each request's KV cache type ("f32" or
-    "f16", as :func:`~bitformat.runtime.load`).
+    tokens in and out, milliseconds). ``kv_cache``: each request's KV cache type (f16, f32
+    or q8_0, as :func:`~bitformat.runtime.load`).
 
     The wgpu network holds one sequence at a time, so on ``wgpu`` requests run one after
     another (``max_batch`` 1; ``info["note"]`` says so).

@@ -459,8 +459,7 @@ class CpuBackend(Backend):
             with self._blas.limit(limits=1, user_api="blas"):
                 return super().attend(q, k, v, kc, vc, start, cos, sin)
         out = np.empty((1, q.shape[1] * q.shape[2]), np.float32)
-        if kc.dtype == np.float16:  # the kernels read and write its bits
-            kc, vc = kc.view(np.uint16), vc.view(np.uint16)
+        kc, vc = ops.kernel_cache(kc), ops.kernel_cache(vc)
         nch = ops.attn_chunks(start + 1)
         if nch > 1 and self.split_attention:  # runs of positions among threads (same bits)
             self._call(ops.attend_one_split, nch * ops.ATTN_CHUNK * kc[0].nbytes * 2, q[0],
@@ -495,8 +494,8 @@ class CpuBackend(Backend):
         ``h`` [1, dim] its embedding, replaced by the last layer's output; k and v stored in
         ``cache`` at ``pos``."""
         self._call(D.decode_row, plan.nbytes, self._arena.buf, plan.mats, plan.ws,
-                   plan.gains, plan.eps, plan.lane, plan.heads, cache.k, cache.v, pos, cos,
-                   sin, h)
+                   plan.gains, plan.eps, plan.lane, plan.heads, ops.kernel_cache(cache.k),
+                   ops.kernel_cache(cache.v), pos, cos, sin, h)
 
     def decode_rows(self, plan: D.Plan, h: np.ndarray, rows) -> bool:
         """A batched decode step (row t of ``h`` [T, dim] the embedding of request t's token,
@@ -514,27 +513,25 @@ class CpuBackend(Backend):
     def attend_tokens(self, q, k, v, layer: int, rows, out) -> None:
         """Row t of a decode step (one token per request, ``rows`` a
         :class:`.models.base.Rows`) as :meth:`attend` on its own cache, every row of layer
-        ``layer`` in one call (:func:`.ops.attend_rows`; float16 caches one by one)."""
-        if any(c.k.dtype == np.float16 for _, c, _ in rows.spans):
-            for t, (_, c, start) in enumerate(rows.spans):
-                out[t] = self.attend(q[t:t + 1], k[t:t + 1], v[t:t + 1], c.k[layer],
-                                     c.v[layer], start, rows.cos[t:t + 1], rows.sin[t:t + 1])[0]
-            return
+        ``layer`` in one call (:func:`.ops.attend_rows`)."""
         ops.attend_rows(q, k, v, rows.cos, rows.sin, *self._kv_table(rows), layer, out)
 
     @staticmethod
     def _kv_table(rows) -> tuple[np.ndarray, ...]:
         """Each row's k and v cache addresses, cache lengths and positions (int64 [T] each),
-        once per step."""
+        and a row of the caches' type (the kernels' prototype), once per step."""
         kv = rows.derived.get("kv")
         if kv is None:  # the caches' addresses, once per step
             caches = [(c, start) for _, c, start in rows.spans]
+            first = caches[0][0].k
             if not all(c.k.flags.c_contiguous and c.v.flags.c_contiguous
-                       and c.k.dtype == np.float32 == c.v.dtype for c, _ in caches):
-                raise RequestError("KV caches must be C-contiguous float32 arrays")
+                       and c.k.dtype == first.dtype == c.v.dtype
+                       and c.k.shape[2:] == first.shape[2:] for c, _ in caches):
+                raise RequestError("the KV caches of one step must be C-contiguous arrays of "
+                                   "one type")
             kv = rows.derived["kv"] = tuple(np.array(x, np.int64) for x in zip(
                 *[(c.k.ctypes.data, c.v.ctypes.data, c.k.shape[1], start) for c, start in caches],
-                strict=True))
+                strict=True)) + (ops.kernel_cache(np.zeros(first.shape[3], first.dtype)),)
         return kv
 
     def _call(self, kernel, nbytes: int, *args) -> None:

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import carray, get_num_threads, njit, prange
+from numba import get_num_threads, njit, prange
 
 from ...graph import NotLowerable, decoder_shape
 from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, amx_tail, block_scratch
@@ -38,13 +38,14 @@ from .ops import (
     ATTN_CHUNK,
     PART_V,
     _attend,
-    _f32_at,
+    _caches,
     _merge,
     _norm_row,
     _part,
     _quantize_row,
     _rope,
     _rope_heads,
+    _row_put,
 )
 from .team import SYNC_WIDTH, claim, finish, finish_run, serial, take_guided, wait_done
 
@@ -139,7 +140,7 @@ def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, t
     o = np.empty(dim, np.float32)
     gu = np.empty(2 * hidden, np.float32)
     sq = np.empty(2, np.float32)  # the activations' scale and their sum, for all threads
-    d = kc.shape[3]
+    d = 2 * cos.shape[0]  # the head size (a q8_0 cache row is wider)
     qr = np.empty((heads, d), np.float32)  # the query heads, RoPE applied
     parts = np.empty(((pos + ATTN_CHUNK) // ATTN_CHUNK, heads, d + PART_V),
                      np.float32)  # attention partials (:func:`.ops._part`)
@@ -159,7 +160,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
     """One thread's part of :func:`decode_row`: every phase in order, serial ones where this
     thread is first to claim them."""
     dim = h.shape[0]
-    KV, d = kc.shape[2], kc.shape[3]
+    KV, d = kc.shape[2], 2 * cos.shape[0]
     H = heads
     hidden = mats[0, GATE_UP, ROWS] // 2
     n = pos + 1
@@ -180,9 +181,10 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
         _matvec(buf, mats, layer, QKV, xg, sq, ws, y, sync, ph + 1, threads, least)
         kl, vl = kc[layer], vc[layer]
         if serial(sync, ph + 2):
-            for j in range(KV):
-                _rope(y[(H + j) * d: (H + j + 1) * d], cos, sin, kl[pos, j])
-                vl[pos, j, :] = y[(H + KV + j) * d: (H + KV + j + 1) * d]
+            for j in range(KV):  # rows of the cache's type (.ops._row_put)
+                _rope(y[(H + j) * d: (H + j + 1) * d], cos, sin, o[:d])
+                _row_put(kl[pos, j], o[:d])
+                _row_put(vl[pos, j], y[(H + KV + j) * d: (H + KV + j + 1) * d])
             _rope_heads(y[:H * d].reshape((H, d)), cos, sin, qr)
             finish(sync, ph + 2)
         wait_done(sync, ph + 2, 1)
@@ -317,21 +319,21 @@ def _tiles_into(q, lane, kind, bpr, out):
                             out8[i, g, k, t, b] = q[t, e]
 
 
-def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
-                KV, d, h):
+def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, proto, cos,
+                sin, KV, d, h):
     """:func:`decode_row` for T = 2..16 tokens, each on its own cache (a batched decode step):
-    ``h`` float32 [T, dim] in place; token t's cache is a float32 array [layers, lens[t], KV,
-    d] at addresses ``kaddr[t]``/``vaddr[t]`` (:func:`.ops.attend_rows`), its position
-    ``pos[t]``, its RoPE ``cos[t]``/``sin[t]``. The mat-vecs run on AMX tiles (``cfg``:
+    ``h`` float32 [T, dim] in place; token t's cache is an array [layers, lens[t], KV, width]
+    of ``proto``'s type at addresses ``kaddr[t]``/``vaddr[t]`` (:func:`.ops.attend_rows`), its
+    position ``pos[t]``, its RoPE ``cos[t]``/``sin[t]``. The mat-vecs run on AMX tiles (``cfg``:
     :func:`.amx.tile_config` of T, :func:`.amx.amx_block`), a team of threads in one parallel
     region as :func:`decode_row`'s (blocks of ``BLOCK_ROWS`` rows taken guided)."""
-    _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
-                 KV, d, get_num_threads(), h)
+    _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, proto, cos,
+                 sin, KV, d, get_num_threads(), h)
 
 
 @njit(cache=True, parallel=True, nogil=True, error_model="numpy")
-def _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
-                 KV, d, threads, h):
+def _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, proto,
+                 cos, sin, KV, d, threads, h):
     """:func:`decode_rows` by a team of ``threads``."""
     T, dim = h.shape
     hidden = mats[0, GATE_UP, ROWS] // 2
@@ -348,8 +350,8 @@ def _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens
     g = np.empty((T, hidden), np.float32)
     sync = np.zeros((PHASES_PER_ROWS_LAYER * mats.shape[0] + 1, SYNC_WIDTH), np.int64)
     for _t in prange(threads):
-        _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos,
-                   sin, KV, d, h, q8, q8h, s, corr, xg, xb, y, o, gu, g, sync, threads)
+        _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, proto,
+                   cos, sin, KV, d, h, q8, q8h, s, corr, xg, xb, y, o, gu, g, sync, threads)
 
 
 #: phases of :func:`_step_rows` per layer (and one after the last)
@@ -357,8 +359,8 @@ PHASES_PER_ROWS_LAYER = 14
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, cos, sin,
-               KV, d, h, q8, q8h, s, corr, xg, xb, y, o, gu, g, sync, threads):
+def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, proto, cos,
+               sin, KV, d, h, q8, q8h, s, corr, xg, xb, y, o, gu, g, sync, threads):
     """One thread's part of :func:`decode_rows` (the phases of :func:`_step`; the norms and
     quantizations shared out by token, the activation layouts serial)."""
     T, dim = h.shape
@@ -373,18 +375,19 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
         _amx_matvec(buf, mats, layer, QKV, q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
                     ph + 1, threads, abuf, cout, f)
         if serial(sync, ph + 3):
-            for t in range(T):
-                kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, d)
+            for t in range(T):  # rows of the caches' type (.ops._row_put)
+                kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, proto)
                 for j in range(KV):
-                    _rope(y[t, (H + j) * d: (H + j + 1) * d], cos[t], sin[t], kc[pos[t], j])
-                    vc[pos[t], j, :] = y[t, (H + KV + j) * d: (H + KV + j + 1) * d]
+                    _rope(y[t, (H + j) * d: (H + j + 1) * d], cos[t], sin[t], x[:d])
+                    _row_put(kc[pos[t], j], x[:d])
+                    _row_put(vc[pos[t], j], y[t, (H + KV + j) * d: (H + KV + j + 1) * d])
             finish(sync, ph + 3)
         wait_done(sync, ph + 3, 1)
         while True:  # a token's attention at a time
             t = claim(sync, ph + 4)
             if t >= T:
                 break
-            kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, d)
+            kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, proto)
             qr = np.empty((H, d), np.float32)
             _rope_heads(y[t, :H * d].reshape((H, d)), cos[t], sin[t], qr)
             _attend(qr, kc, vc, pos[t] + 1, o[t])
@@ -437,15 +440,6 @@ def _norm_tokens(v, y, add, gain, eps, q, s, x, sync, ph):
         s[t] = _quantize_row(x[:cols], q, t)
         finish(sync, ph)
     wait_done(sync, ph, T)
-
-
-@njit(inline="always")
-def _caches(kaddr, vaddr, lens, t, layer, KV, d):
-    """Token t's k and v caches of ``layer``: float32 [lens[t], KV, d] each."""
-    per = lens[t] * KV * d
-    kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
-    vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
-    return kc, vc
 
 
 @njit(cache=True, error_model="numpy")

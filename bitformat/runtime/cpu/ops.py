@@ -20,6 +20,8 @@ from llvmlite import ir
 from numba import carray, njit, prange, types
 from numba.extending import intrinsic, overload
 
+from .. import kvquant
+
 
 @njit(cache=True, error_model="numpy")
 def _absmax(y):
@@ -162,26 +164,123 @@ def _f2h(typingctx, x):
     return sig, codegen
 
 
-def _cached(x):
-    """A cache element as float32 (uint16: half bits)."""
+# -- cache rows by type (:mod:`..kvquant`): float32; float16 as uint16 bits; q8_0 int8 rows --
+QK8_0 = 32  # values per q8_0 block (kvquant.QK8_0)
 
 
-@overload(_cached, inline="always")
-def _ol_cached(x):
-    if isinstance(x, types.Integer):
-        return lambda x: _h2f(x)
-    return lambda x: x
+@njit(inline="always", error_model="numpy")
+def _q8_scale(row, d, b):
+    """Block ``b``'s scale of a q8_0 row of ``d`` values: the half after the codes."""
+    lo = np.int32(row[d + 2 * b]) & 0xFF
+    hi = np.int32(row[d + 2 * b + 1]) & 0xFF
+    return _h2f(np.uint16(lo | (hi << 8)))
 
 
-def _to_cache(cache, x):
-    """float32 ``x`` as an element of ``cache`` (uint16: half bits)."""
+def _row_dot(qr, h, row):
+    """``qr[h] . values(row)``: a query head against one cached row (any cache type)."""
 
 
-@overload(_to_cache, inline="always")
-def _ol_to_cache(cache, x):
-    if isinstance(cache.dtype, types.Integer):
-        return lambda cache, x: _f2h(np.float32(x))
-    return lambda cache, x: x
+@overload(_row_dot, inline="always")
+def _ol_row_dot(qr, h, row):
+    if row.dtype == types.int8:  # q8_0: code * fp16(scale), block by block
+        def dot_q8_0(qr, h, row):
+            d = qr.shape[1]
+            dot = np.float32(0.0)
+            for b0 in range(0, d, QK8_0):
+                sc = _q8_scale(row, d, b0 // QK8_0)
+                for i in range(b0, min(d, b0 + QK8_0)):
+                    dot += qr[h, i] * (np.float32(row[i]) * sc)
+            return dot
+        return dot_q8_0
+    if isinstance(row.dtype, types.Integer):  # float16 bits
+        def dot_f16(qr, h, row):
+            dot = np.float32(0.0)
+            for i in range(qr.shape[1]):
+                dot += qr[h, i] * _h2f(row[i])
+            return dot
+        return dot_f16
+
+    def dot_f32(qr, h, row):
+        dot = np.float32(0.0)
+        for i in range(qr.shape[1]):
+            dot += qr[h, i] * row[i]
+        return dot
+    return dot_f32
+
+
+def _row_axpy(w, row, part, h, off):
+    """``part[h, off:] += w * values(row)`` (any cache type)."""
+
+
+@overload(_row_axpy, inline="always")
+def _ol_row_axpy(w, row, part, h, off):
+    if row.dtype == types.int8:
+        def axpy_q8_0(w, row, part, h, off):
+            d = part.shape[1] - off
+            for b0 in range(0, d, QK8_0):
+                sc = _q8_scale(row, d, b0 // QK8_0)
+                for i in range(b0, min(d, b0 + QK8_0)):
+                    part[h, off + i] += w * (np.float32(row[i]) * sc)
+        return axpy_q8_0
+    if isinstance(row.dtype, types.Integer):
+        def axpy_f16(w, row, part, h, off):
+            for i in range(part.shape[1] - off):
+                part[h, off + i] += w * _h2f(row[i])
+        return axpy_f16
+
+    def axpy_f32(w, row, part, h, off):
+        for i in range(part.shape[1] - off):
+            part[h, off + i] += w * row[i]
+    return axpy_f32
+
+
+@njit(error_model="numpy")
+def _q8_put(row, x):
+    """float32 ``x`` [d] as a q8_0 row (:mod:`..kvquant`): per block of 32, ``scale = max|x| /
+    127``, codes ``roundf(x * (1 / scale))`` (halves away from zero), then the scales' half
+    bits, low byte first."""
+    d = x.shape[0]
+    for b0 in range(0, d, QK8_0):
+        b1 = min(d, b0 + QK8_0)
+        amax = np.float32(0.0)
+        for i in range(b0, b1):
+            amax = max(amax, abs(x[i]))
+        sc = amax / np.float32(127.0)
+        inv = np.float32(0.0)
+        if sc != 0:
+            inv = np.float32(1.0) / sc
+        for i in range(b0, b1):
+            y = x[i] * inv
+            a = abs(y)
+            f = np.floor(a)
+            up = np.float32(1.0) if a - f >= np.float32(0.5) else np.float32(0.0)
+            r = np.int32(f + up)
+            row[i] = np.int8(-r if y < 0 else r)
+        bits = np.int32(_f2h(sc))
+        lo, hi = bits & 0xFF, bits >> 8
+        row[d + 2 * (b0 // QK8_0)] = np.int8(lo - 256 if lo > 127 else lo)
+        row[d + 2 * (b0 // QK8_0) + 1] = np.int8(hi - 256 if hi > 127 else hi)
+
+
+def _row_put(row, x):
+    """float32 ``x`` [d] stored as one cache row (float16: nearest even; q8_0: per block of
+    32, ``scale = max|x| / 127``, codes ``roundf(x * (1 / scale))``, as ggml's reference)."""
+
+
+@overload(_row_put, inline="always")
+def _ol_row_put(row, x):
+    if row.dtype == types.int8:
+        return lambda row, x: _q8_put(row, x)
+    if isinstance(row.dtype, types.Integer):
+        def put_f16(row, x):
+            for i in range(x.shape[0]):
+                row[i] = _f2h(np.float32(x[i]))
+        return put_f16
+
+    def put_f32(row, x):
+        for i in range(x.shape[0]):
+            row[i] = x[i]
+    return put_f32
 
 
 #: positions an attention partial covers (:func:`_part`): the softmax is taken per run of
@@ -201,15 +300,11 @@ def attn_chunks(n: int) -> int:
 def _part_scores(qr, kc, c0, c1, scale, p):
     """``p[h, t - c0] = (qr[h] . kc[t, h // G]) * scale`` for c0 <= t < c1, G query heads per
     kv head: the cache is read in its order, a position's keys (every kv head) at a time."""
-    H, d = qr.shape
+    H = qr.shape[0]
     G = H // kc.shape[1]
     for t in range(c0, c1):
         for h in range(H):
-            j = h // G
-            dot = np.float32(0.0)
-            for i in range(d):
-                dot += qr[h, i] * _cached(kc[t, j, i])
-            p[h, t - c0] = dot * scale
+            p[h, t - c0] = _row_dot(qr, h, kc[t, h // G]) * scale
 
 
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
@@ -223,10 +318,7 @@ def _part_mix(p, vc, c0, c1, part):
             part[h, PART_V + i] = 0.0
     for t in range(c0, c1):
         for h in range(H):
-            j = h // G
-            w = p[h, t - c0]
-            for i in range(d):
-                part[h, PART_V + i] += w * _cached(vc[t, j, i])
+            _row_axpy(p[h, t - c0], vc[t, h // G], part, h, PART_V)
 
 
 @njit(inline="always", error_model="numpy")
@@ -286,14 +378,13 @@ def _rope_heads(q, cos, sin, qr):
 
 @njit(inline="always", error_model="numpy")
 def _store_kv(k, v, cos, sin, kc, vc, pos):
-    """k (RoPE applied) and v [KV, d] into the caches at ``pos`` (float32, or float16 as
-    uint16 bits: rounded to nearest even)."""
+    """k (RoPE applied) and v [KV, d] into the caches at ``pos`` (rows of the cache's type:
+    :func:`_row_put`)."""
     kr = np.empty(k.shape[1], np.float32)
     for j in range(k.shape[0]):
         _rope(k[j], cos, sin, kr)
-        for i in range(kr.shape[0]):
-            kc[pos, j, i] = _to_cache(kc, kr[i])
-            vc[pos, j, i] = _to_cache(vc, v[j, i])
+        _row_put(kc[pos, j], kr)
+        _row_put(vc[pos, j], v[j])
 
 
 @njit(inline="always", error_model="numpy")
@@ -340,18 +431,26 @@ def attend_one_split(q, k, v, cos, sin, kc, vc, pos, out):
     _merge(parts, nch, out)
 
 
+def kernel_cache(cache: np.ndarray) -> np.ndarray:
+    """A KV cache array as the kernels take it: float16 as its uint16 bits (numba has no
+    float16 type), float32 and q8_0's int8 rows as they are."""
+    return cache.view(np.uint16) if cache.dtype == np.float16 else cache
+
+
 def warm_attention(kv_type: str = "f32", split: bool = False) -> None:
     """Compile (or read from numba's cache) the one-token attention kernel for a cache of
-    ``kv_type`` ("f32", "f16"), and with ``split`` the one that shares long contexts among
-    threads. numba compiles for the arrays' types, not their sizes, so small ones do."""
+    ``kv_type`` (:data:`~bitformat.constants.KV_TYPES`), and with ``split`` the one that
+    shares long contexts among threads. numba compiles for the arrays' types, not their
+    sizes, so small ones do."""
     H, KV, d = 4, 2, 8
     n = ATTN_CHUNK + 2
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, H, d)).astype(np.float32)
     k = rng.standard_normal((1, KV, d)).astype(np.float32)
     cos, sin = np.ones((1, d // 2), np.float32), np.zeros((1, d // 2), np.float32)
-    store = np.uint16 if kv_type == "f16" else np.float32
-    kc, vc = np.zeros((n, KV, d), store), np.zeros((n, KV, d), store)
+    shape = (n, KV, kvquant.row_width(kv_type, d))
+    kc = kernel_cache(np.zeros(shape, kvquant.storage_dtype(kv_type)))
+    vc = kernel_cache(np.zeros(shape, kvquant.storage_dtype(kv_type)))
     out = np.empty((1, H * d), np.float32)
     attend_one(q[0], k[0], k[0], cos[0], sin[0], kc, vc, n - 1, out[0])
     if split:
@@ -359,9 +458,10 @@ def warm_attention(kv_type: str = "f32", split: bool = False) -> None:
 
 
 @intrinsic
-def _f32_at(typingctx, addr):
-    """The float32 pointer at address ``addr`` (an int64 from ``ndarray.ctypes.data``)."""
-    sig = types.CPointer(types.float32)(types.int64)
+def _ptr_like(typingctx, addr, proto):
+    """A pointer to ``proto``'s element type at address ``addr`` (an int64 from
+    ``ndarray.ctypes.data``)."""
+    sig = types.CPointer(proto.dtype)(types.int64, proto)
 
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
@@ -369,27 +469,35 @@ def _f32_at(typingctx, addr):
     return sig, codegen
 
 
+@njit(inline="always")
+def _caches(kaddr, vaddr, lens, t, layer, KV, proto):
+    """Token t's k and v caches of ``layer``: [lens[t], KV, width] each, of ``proto``'s type
+    and width (a row of the cache type: float32, float16 bits, q8_0 int8)."""
+    W = proto.shape[0]
+    at = layer * lens[t] * KV * W * proto.itemsize
+    kc = carray(_ptr_like(kaddr[t] + at, proto), (lens[t], KV, W))
+    vc = carray(_ptr_like(vaddr[t] + at, proto), (lens[t], KV, W))
+    return kc, vc
+
+
 @njit(cache=True, parallel=True, nogil=True, error_model="numpy")
-def attend_rows(q, k, v, cos, sin, kaddr, vaddr, lens, pos, layer, out):
+def attend_rows(q, k, v, cos, sin, kaddr, vaddr, lens, pos, proto, layer, out):
     """:func:`attend_one` for T tokens of a decode step, each on its own KV cache, in one call
     (the tokens split among threads; each as in :func:`attend_one`).
 
     Token t: q[t] [H, d], k[t]/v[t] [KV, d] at position ``pos[t]``, ``cos[t]``/``sin[t]``; its
-    cache is a float32 array [layers, lens[t], KV, d] at address ``kaddr[t]`` (k) and
-    ``vaddr[t]`` (v), of which ``layer`` is used; ``out`` [T, H * d]. The caller keeps the
-    caches alive and C-contiguous.
+    cache is an array [layers, lens[t], KV, width] of ``proto``'s type and width (one row:
+    float32, uint16 half bits or q8_0 int8) at address ``kaddr[t]`` (k) and ``vaddr[t]`` (v),
+    of which ``layer`` is used; ``out`` [T, H * d]. The caller keeps the caches alive and
+    C-contiguous.
     """
     T, H, d = q.shape
     KV = k.shape[1]
     for t in range(T):
-        per = lens[t] * KV * d
-        kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
-        vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
+        kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, proto)
         _store_kv(k[t], v[t], cos[t], sin[t], kc, vc, pos[t])
     for t in prange(T):
-        per = lens[t] * KV * d
-        kc = carray(_f32_at(kaddr[t] + 4 * layer * per), (lens[t], KV, d))
-        vc = carray(_f32_at(vaddr[t] + 4 * layer * per), (lens[t], KV, d))
+        kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, proto)
         qr = np.empty((H, d), np.float32)
         _rope_heads(q[t], cos[t], sin[t], qr)
         _attend(qr, kc, vc, pos[t] + 1, out[t])

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from ...constants import KV_TYPES
 from ...errors import MetadataError, RequestError, UnsupportedConversionError
 from ...families import (
     ARCHITECTURES,
@@ -22,6 +21,7 @@ from ...families import (
 )
 from ..backend import Backend, QuantizedActivations, quantize_activations, relu2_glu, rms_norm
 from ..head import Head
+from ..kvquant import check_kv_type, row_width, storage_dtype
 
 #: When set, every activation quantization of every model goes through it, in numpy:
 #: ``activation_hook(x) -> QuantizedActivations`` with ``x`` what is quantized [T, n] (the
@@ -115,33 +115,64 @@ class ModelArgs:
         return self
 
 
-def check_kv_type(kv_type: str) -> None:
-    """Refuse a KV cache type that is not one of :data:`~bitformat.constants.KV_TYPES`."""
-    if kv_type not in KV_TYPES:
-        raise RequestError(f"the KV cache type must be {' or '.join(KV_TYPES)}, got "
-                           f"{kv_type!r:.20}")
-
-
 class KVCache:
-    """Keys and values of every layer for the positions seen so far (preallocated)."""
+    """Keys and values of every layer for the positions seen so far.
+
+    ``k``/``v`` [layers, capacity, KV, width] hold rows of the cache's type
+    (:mod:`..kvquant`: float32, float16, or q8_0 int8 rows of ``width`` elements). The
+    capacity grows in blocks of :data:`KV_BLOCK` positions as the sequence does
+    (:meth:`reserve`), up to ``max_len``, so a cache made for a whole context costs only the
+    positions it holds. ``dtype``: the f32 type's element type (float64 on the numpy backend in
+    float64).
+    """
 
     def __init__(self, args: ModelArgs, max_len: int, dtype: type = np.float32,
                  kv_type: str = "f32"):
         check_kv_type(kv_type)
-        shape = (args.n_layers, max_len, args.n_kv_heads, args.head_dim)
-        store = np.float16 if kv_type == "f16" else dtype
         self.kv_type = kv_type
-        self.k = np.zeros(shape, store)  # [layers, max_len, kv_heads, head_dim]
-        self.v = np.zeros(shape, store)
+        self.head_dim = args.head_dim
+        self.store = dtype if kv_type == "f32" else storage_dtype(kv_type)
+        self._shape = (args.n_layers, args.n_kv_heads, row_width(kv_type, args.head_dim))
+        self.k = self.v = self._alloc(0)
         self.length = 0
         self.max_len = max_len
+
+    def _alloc(self, capacity: int) -> np.ndarray:
+        layers, kv, width = self._shape
+        return np.zeros((layers, capacity, kv, width), self.store)
+
+    @property
+    def capacity(self) -> int:
+        """Positions the arrays hold now (:meth:`reserve` grows them)."""
+        return self.k.shape[1]
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` positions: the arrays grow to ``n`` rounded up to a block (at most
+        ``max_len``), the positions held copied over."""
+        if n <= self.capacity:
+            return
+        if n > self.max_len:
+            raise RequestError(f"{n} positions exceed the context of {self.max_len}")
+        cap = min(self.max_len, -(-n // KV_BLOCK) * KV_BLOCK)
+        k, v = self._alloc(cap), self._alloc(cap)
+        k[:, :self.length] = self.k[:, :self.length]
+        v[:, :self.length] = self.v[:, :self.length]
+        self.k, self.v = k, v
 
     @property
     def nbytes(self) -> int:
         """Bytes a decode step reads from the cache at its current length."""
-        return 2 * self.length * self.k[0, 0].nbytes * self.k.shape[0]
+        layers, kv, width = self._shape
+        return 2 * self.length * layers * kv * width * np.dtype(self.store).itemsize
+
+    @property
+    def allocated(self) -> int:
+        """Bytes the cache's arrays take now."""
+        return self.k.nbytes + self.v.nbytes
 
 
+#: positions a KV cache grows by at a time (:meth:`KVCache.reserve`)
+KV_BLOCK = 256
 
 
 @dataclass
@@ -196,6 +227,8 @@ class Rows:
             spans.append((slice(at, at + t.size), seg.cache, start))
             positions.append(np.arange(start, start + t.size, dtype=dtype))
             at += t.size
+        for sl, cache, start in spans:  # all checked: room for each segment's positions
+            cache.reserve(start + sl.stop - sl.start)
         angles = np.concatenate(positions)[:, None] * inv_freq.astype(dtype)  # as HF's float32
         last = np.array([sl.stop - 1 for sl, _, _ in spans], dtype=np.int64)
         return cls(np.concatenate(ids), spans, np.cos(angles), np.sin(angles), last)
@@ -415,7 +448,7 @@ class Transformer:
         a = self.args
         rows = Rows.of(segments, a, self.be.dtype, self.inv_freq)
         eps, n = a.norm_eps, rows.n
-        if (n == len(rows.spans) and activation_hook is None and self.kv_type == "f32"
+        if (n == len(rows.spans) and activation_hook is None
                 and self._decode_plan() is not None):
             # a token per request: every layer in one backend call, the same arithmetic
             h = np.array(self.be.embed(rows.ids), self.be.dtype, order="C")

@@ -125,6 +125,10 @@ class _Pending:
     index: int = 0  # its submission (GpuDevice.submit): reading it waits for it alone
 
 
+#: the KV cache types the fused step keeps, as kv_round.wgsl's KVT (q8_0 runs op by op)
+KV_ROUND = {"f32": 0, "f16": 1}
+
+
 class WgpuBitNet:
     """``forward(tokens, cache)`` -> logits like :class:`~..models.base.Transformer`, on the
     GPU, for every family (BitNet 2B-4T and 1bitLLM, Llama, Qwen3).
@@ -139,9 +143,15 @@ class WgpuBitNet:
     """
 
     def __init__(self, args: ModelArgs, backend: WgpuBackend, *, context: int | None = None,
-                 progress: Callable[[int, int], None] | None = None, head: str = "full"):
+                 progress: Callable[[int, int], None] | None = None, head: str = "full",
+                 kv_type: str = "f32"):
         self.args, self.be, self.dev = args, backend, backend.dev
         dev, a = backend.dev, args
+        if kv_type not in KV_ROUND:
+            raise UnsupportedConversionError(f"the fused wgpu step keeps no {kv_type} KV cache")
+        #: the cache type (runtime/kvquant.py): its values as kv_round.wgsl rounds them, held
+        #: in float32 slots on the device
+        self.kv_type = kv_type
         if not dev.subgroups:
             raise UnsupportedConversionError(
                 f"the fused decode step needs subgroup operations, which {dev.name} lacks; "
@@ -269,7 +279,8 @@ class WgpuBitNet:
         attn = dev.kernel("attn_split", asub, H=a.n_heads, KVH=a.n_kv_heads, HD=hd,
                           ML=self.max_len, INV=np.float32(1.0 / np.sqrt(hd)),
                           QKN=int(sh.qk_norm is not None), PERM=perm,
-                          EPS=np.float32(a.norm_eps), SMAX=self.smax, CMAX=CMAX)
+                          EPS=np.float32(a.norm_eps), SMAX=self.smax, CMAX=CMAX,
+                          KVT=KV_ROUND[self.kv_type])
         merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=self.split, SPAR=SPAR,
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.part, self.state, self.o),
@@ -418,9 +429,9 @@ class WgpuBitNet:
         attn = dev.kernel("attn_split", asub, H=a.n_heads, KVH=a.n_kv_heads, HD=hd,
                           ML=self.max_len, INV=np.float32(1.0 / np.sqrt(hd)), QKN=qkn,
                           PERM=perm, EPS=np.float32(a.norm_eps), SMAX=self.smax, CMAX=CMAX,
-                          BATCH=1, QKVS=qkvs)
+                          BATCH=1, QKVS=qkvs, KVT=KV_ROUND[self.kv_type])
         kvw = dev.kernel("kv_write", H=a.n_heads, KVH=a.n_kv_heads, HD=hd, QKN=qkn, PERM=perm,
-                         EPS=np.float32(a.norm_eps), QKVS=qkvs)
+                         EPS=np.float32(a.norm_eps), QKVS=qkvs, KVT=KV_ROUND[self.kv_type])
         merge = dev.kernel("attn_merge", HD=hd, SMAX=self.smax, SPLIT=self.split, SPAR=SPAR,
                            CMAX=CMAX)
         merge_d = Dispatch("attention", merge, dev.bind(merge, self.partb, self.state, self.ob),

@@ -28,13 +28,16 @@
 //   6  storage, read        NG: array<f32>    QKN = 1: q_norm gains [HD], k_norm gains [HD]
 // Overrides: H, KVH, HD (a multiple of 4, at most 64 vec4s a lane: HD <= 512), ML, INV, QKN,
 // PERM, EPS, SMAX, CMAX (the most positions of one split: S is chosen so that
-// ceil(len / S) <= CMAX, see attn_merge.wgsl). GQ = H / KVH <= 16.
+// ceil(len / S) <= CMAX, see attn_merge.wgsl), KVT (the cache type: kv_round.wgsl).
+// GQ = H / KVH <= 16.
 // Workgroup arrays: QS4 = GQ * HD / 4 vec4s, SCN = GQ * CMAX floats. Needs subgroups.
 //
 // Work split: the scores take min(8, subgroup size) lanes per position (each a slice of the
 // key, its vec4s loaded together and dotted with every head's q), the weighted sum of values
 // as many lanes per vec4 of dimensions (each every 8th position): all loads of a lane are
 // independent, so a workgroup waits for memory about once per phase.
+
+//#include kv_round.wgsl
 
 override H: u32;
 override KVH: u32;
@@ -130,15 +133,15 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
                 qs[(b + i + half) / 4u][(b + i + half) % 4u] = o2;
             } else {
                 let b = pos * kvd + g * HD;
-                KC[(b + i) / 4u][(b + i) % 4u] = o1;
-                KC[(b + i + half) / 4u][(b + i + half) % 4u] = o2;
+                KC[(b + i) / 4u][(b + i) % 4u] = kv_round(o1);
+                KC[(b + i + half) / 4u][(b + i + half) % 4u] = kv_round(o2);
             }
         }
     }
     if (mine) {
         for (var d = li; d < HD; d += WGS) {
             let e = pos * kvd + g * HD + d;
-            VC[e / 4u][e % 4u] = QKV[H * HD + kvd + g * HD + d];
+            VC[e / 4u][e % 4u] = kv_round(QKV[H * HD + kvd + g * HD + d]);
         }
     }
     storageBarrier();

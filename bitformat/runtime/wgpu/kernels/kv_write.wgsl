@@ -10,7 +10,10 @@
 //   3  storage, read        CS: array<f32>    [ML, HD]: per position cos[HD/2] then sin[HD/2]
 //   4  storage, read        ST: array<u32>    the step state (pos: the prompt's first position)
 //   5  storage, read        NG: array<f32>    QKN = 1: q_norm gains [HD], k_norm gains [HD]
-// Overrides: H, KVH, HD, QKN, PERM, EPS, QKVS (floats of QKV per token). Workgroups of 64.
+// Overrides: H, KVH, HD, QKN, PERM, EPS, QKVS (floats of QKV per token), KVT (the cache type:
+// kv_round.wgsl). Workgroups of 64.
+
+//#include kv_round.wgsl
 
 override H: u32;
 override KVH: u32;
@@ -70,10 +73,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         let c = CS[pos * HD + i];
         let sn = CS[pos * HD + half + i];
         let b = pos * kvd + g * HD;
-        KC[b + i] = x1 * c - x2 * sn;
-        KC[b + i + half] = x2 * c + x1 * sn;
+        KC[b + i] = kv_round(x1 * c - x2 * sn);
+        KC[b + i + half] = kv_round(x2 * c + x1 * sn);
     }
     for (var d = li; d < HD; d += 64u) {
-        VC[pos * kvd + g * HD + d] = QKV[src + kvd + d];
+        VC[pos * kvd + g * HD + d] = kv_round(QKV[src + kvd + d]);
     }
 }
