@@ -149,6 +149,39 @@ def test_queue_cancel_and_close(cpu_models):
         eng.submit(Request([1], 1), Collector())
 
 
+def test_cache_pool_admits_what_fits_and_frees_it(cpu_models):
+    """With a pool of 100 positions, two requests of 40 run together and a third waits until
+    one ends; a request of 101 is refused at once; a full pool with no queue left is a 503;
+    ending or cancelling a request gives its positions back, and each request's tokens are
+    those it gets alone."""
+    net = cpu_models["i2_s"].net
+    eng = Engine(Slow(net), None, max_batch=4, max_queue=1, cache_positions=100).start(
+        warmup=False)
+    try:
+        with pytest.raises(RequestError, match="needs 101 positions of KV cache.*holds 100"):
+            eng.submit(Request([1] * 51, 50), Collector())
+        outs = [Collector() for _ in range(3)]
+        hs = [eng.submit(Request([3 + i] * 10, 30, stop_ids=[]), outs[i]) for i in range(2)]
+        assert wait_for(lambda: eng.load["running"] == 2)
+        assert eng.load["cache_positions_held"] == 80
+        eng.submit(Request([9] * 10, 30, stop_ids=[]), outs[2])  # 40 more do not fit: waits
+        with pytest.raises(UnavailableError, match="KV cache is full: 80 of its 100"):
+            eng.submit(Request([8] * 5, 5), Collector())  # and the queue (1) is taken
+        assert wait_for(lambda: outs[0].events)
+        assert eng.load["running"] == 2 and eng.load["waiting"] == 1 and not outs[2].events
+        hs[1].cancel()  # its client left: its 40 positions go to the waiting request
+        assert wait_for(lambda: outs[2].events)
+        assert eng.load["cache_positions_held"] == 80
+        for c in (outs[0], outs[2]):
+            assert c.done.wait(60)
+        assert wait_for(lambda: eng.load["cache_positions_held"] == 0)
+    finally:
+        eng.close(30)
+    for i in (0, 2):
+        prompt = [3 + i if i == 0 else 9] * 10
+        assert outs[i].tokens == list(generate_step(net, prompt, max_new_tokens=30))
+
+
 class Chars:
     """A toy tokenizer: token i is the character i; 0xC3 0xA9 are the bytes of 'é'."""
 

@@ -225,3 +225,29 @@ def test_bench_times_each_cache_type(tiny_gguf):
     r = CliRunner().invoke(main, ["bench", str(tiny_gguf), "--formats", "i2_s", "--backend",
                                   "wgpu", "--kv-cache", "q8_0"])
     assert r.exit_code == 1 and "cpu backend only" in r.output
+
+
+# -- the whole context, on every backend ----------------------------------------------------
+@pytest.mark.parametrize("kind", ["f16", "f32"])
+def test_generation_to_the_last_position_and_not_past_it(tiny_gguf, kind):
+    """The tiny model's context is 256 positions: a 250-token prompt leaves room for 6 tokens
+    (the last one sampled from position 255), every backend gives the same ones, a step
+    past the context is refused naming it, and so is a prompt longer than it."""
+    from backends import runtime_backends
+
+    prompt = (PROMPT * 21)[:250]
+    got = {}
+    for be in runtime_backends():
+        with load(tiny_gguf, backend=be, kv_cache=kind) as m:
+            assert m.args.context_length == 256
+            got[be] = m.generate(prompt, max_new_tokens=50, stop_ids=[]).tokens
+            assert len(got[be]) == 6
+            cache = m.net.new_cache(256)
+            m.net.forward(prompt + got[be][:5], cache)  # positions 0..254
+            m.net.forward(got[be][5:6], cache)  # 255: the last
+            assert cache.length == 256
+            with pytest.raises(RequestError, match="257 positions exceed the context of 256"):
+                m.net.forward([1], cache)
+            with pytest.raises(RequestError, match="257 tokens, more than the context of 256"):
+                m.generate(prompt + prompt[:7], max_new_tokens=1)
+    assert all(t == got["numpy"] for t in got.values()), got

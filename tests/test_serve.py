@@ -315,3 +315,26 @@ def test_cli_refuses_bad_options(tiny_gguf):
     assert r.exit_code == 2 and "--max-batch" in r.output
     r = CliRunner().invoke(main, ["serve", str(tiny_gguf), "--port", "70000"])
     assert r.exit_code == 2 and "--port" in r.output
+
+
+def test_cache_memory_pool_refuses_what_cannot_fit(tiny_gguf):
+    """``--cache-memory 100KiB`` holds 100 positions of the tiny model's f16 cache (1 KiB
+    each): the server says so, a request that could never fit gets a 400 naming the sizes,
+    one that fits runs and gives its positions back."""
+    proc, url = start(tiny_gguf, "--cache-memory", "100KiB", "--quiet")
+    try:
+        assert "KV cache f16: 100 positions" in proc.startup, proc.startup
+        with httpx.Client(base_url=url, timeout=60) as c:
+            r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 200})
+            assert r.status_code == 400, r.text
+            assert "positions of KV cache" in r.json()["error"]["message"]
+            assert "holds 100" in r.json()["error"]["message"]
+            r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 20})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 20
+            h = c.get("/health").json()
+            assert h["cache_positions"] == 100 and h["cache_positions_held"] == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    r = CliRunner().invoke(main, ["serve", str(tiny_gguf), "--cache-memory", "lots"])
+    assert r.exit_code != 0 and "is not a size" in r.output

@@ -558,10 +558,15 @@ def warmup(backend: str) -> None:
               show_default=True, help="i2_s block layout of FILE.")
 @click.option("--quiet", is_flag=True, help="No access log (one line per request on stderr).")
 @KV_CACHE_OPTION
+@click.option("--cache-memory", default="auto", show_default=True,
+              help="Memory all requests' KV caches may take together (e.g. 2GiB): a request "
+                   "starts when its prompt and token limit fit, waits otherwise, and is "
+                   "refused if it could never fit. auto: 80% of the memory available at "
+                   "start, at most --max-batch full contexts. Caches grow as requests do.")
 @_friendly_errors
 def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, max_batch: int,
           context: int | None, threads: int | None, i2s_layout: str, quiet: bool,
-          kv_cache: str) -> None:
+          kv_cache: str, cache_memory: str) -> None:
     """Serve FILE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health), batching concurrent requests. Ctrl-C stops it.
 
@@ -573,15 +578,18 @@ def serve(file: Path, host: str, port: int, backend: str, api_key: str | None, m
     def ready(info: dict) -> None:
         if info["note"]:
             click.echo(f"note: {info['note']}", err=True)
+        pool = "" if info["cache_positions"] is None else (
+            f", KV cache {info['kv_cache']}: {info['cache_positions']:,} positions in "
+            f"{info['cache_bytes'] / 2**20:,.0f} MiB")
         click.echo(f"serving {info['model']} ({info['backend']}, max batch {info['max_batch']}"
-                   f", context {info['context']}) at {info['url']}/v1")
+                   f", context {info['context']}{pool}) at {info['url']}/v1")
 
     def log(line: str) -> None:
         click.echo(line, err=True)
 
     do_serve(file, host=host, port=port, backend=backend, api_key=api_key, max_batch=max_batch,
              context=context, threads=threads, i2s_variant=i2s_layout, ready=ready,
-             access_log=None if quiet else log, kv_cache=kv_cache)
+             access_log=None if quiet else log, kv_cache=kv_cache, cache_memory=cache_memory)
     click.echo("stopped", err=True)
 
 

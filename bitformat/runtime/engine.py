@@ -13,6 +13,12 @@ request's own cache, prompts are cut at the same multiples of ``PREFILL_CHUNK``,
 sampler's noise is a function of (seed, step). What else is in the batch changes only when a
 token comes, not which.
 
+KV caches grow with use (:meth:`.models.base.KVCache.reserve`), and with ``cache_positions``
+the engine keeps one pool of positions for all requests: a request is admitted when its
+positions (prompt + its token limit) fit beside those of the requests running, waits in the
+queue otherwise, and gives them back when it ends or is cancelled (its client left). A request
+larger than the whole pool is refused at once.
+
 Prompt chunks are the only long rows: per step at most ``PREFILL_CHUNK`` prompt tokens run
 beside the decode rows (the oldest request's chunk first), so a long prompt delays the others
 by about one chunk's time per step instead of its whole prefill.
@@ -98,7 +104,8 @@ class _Slot:
         self.handle = handle
         self.prompt = list(r.prompt)
         self.max_new = min(r.max_tokens, context - len(self.prompt))
-        self.cache = net.new_cache(len(self.prompt) + self.max_new)
+        self.positions = len(self.prompt) + self.max_new  # what the pool holds for it
+        self.cache = net.new_cache(self.positions)
         self.sampler = Sampler(r.sampling, history=self.prompt)
         stop_ids = r.stop_ids if r.stop_ids is not None else (
             tokenizer.eos_ids if tokenizer is not None else ())
@@ -137,14 +144,22 @@ class Engine:
     ``max_batch`` requests run at once, ``max_queue`` more may wait (beyond that
     :meth:`submit` raises :class:`~bitformat.errors.UnavailableError`); ``gather``: seconds an
     idle engine waits for more requests after the first (:data:`GATHER_S`).
+    ``cache_positions``: the KV cache positions all running requests may hold together (None:
+    no limit but ``max_batch`` x ``context``).
     """
 
     def __init__(self, net: Any, tokenizer: Any = None, *, max_batch: int = 8,
                  context: int | None = None, max_queue: int = 64,
-                 after_step: Callable[[], None] | None = None, gather: float = GATHER_S):
+                 after_step: Callable[[], None] | None = None, gather: float = GATHER_S,
+                 cache_positions: int | None = None):
         if max_batch < 1 or max_queue < 0:
             raise RequestError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} "
                                f"and {max_queue}")
+        if cache_positions is not None and cache_positions < 2:
+            raise RequestError(f"the KV cache pool must hold at least 2 positions, got "
+                               f"{cache_positions}")
+        self.cache_positions = cache_positions
+        self._reserved = 0  # positions the running requests hold in the pool
         self.net, self.tokenizer = net, tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         self.gather = gather if max_batch > 1 else 0.0
@@ -194,6 +209,24 @@ class Engine:
                                f"(0..{self.vocab - 1})")
         if request.max_tokens < 1:
             raise RequestError(f"max_tokens must be >= 1, got {request.max_tokens}")
+        need = self.positions(request)
+        if self.cache_positions is not None and need > self.cache_positions:
+            raise RequestError(
+                f"the request needs {need} positions of KV cache ({n} of prompt and up to "
+                f"{need - n} tokens) but this server's cache holds {self.cache_positions} in "
+                "all: ask for fewer tokens (max_tokens) or a shorter prompt")
+
+    def positions(self, request: Request) -> int:
+        """The KV cache positions ``request`` may fill: its prompt and its token limit."""
+        n = len(request.prompt)
+        return n + min(request.max_tokens, self.context - n)
+
+    def _pool_left(self) -> int:
+        """Positions of the pool neither running nor waiting requests hold (call with the
+        lock held)."""
+        assert self.cache_positions is not None
+        return (self.cache_positions - self._reserved
+                - sum(self.positions(h.request) for h in self._waiting))
 
     def submit(self, request: Request, on_event: Callable[[Event], None]) -> Handle:
         """Queue ``request``; ``on_event`` is called from the engine thread for each step's
@@ -205,6 +238,12 @@ class Engine:
             if len(self._waiting) + len(self._active) >= self.max_batch + self.max_queue:
                 raise UnavailableError(f"the server is busy: {len(self._active)} requests "
                                        f"running and {len(self._waiting)} waiting; try again")
+            if (self.cache_positions is not None and len(self._waiting) >= self.max_queue
+                    and self._pool_left() < self.positions(request)):
+                raise UnavailableError(
+                    f"the server's KV cache is full: {self._reserved} of its "
+                    f"{self.cache_positions} positions held by {len(self._active)} requests; "
+                    "try again")
             h = Handle(self, request, on_event, next(self._ids))
             self._waiting.append(h)
             self._cv.notify()
@@ -233,7 +272,8 @@ class Engine:
         with self._cv:
             return {"running": len(self._active), "waiting": len(self._waiting),
                     "max_batch": self.max_batch, "steps": self.steps,
-                    "generated_tokens": self.tokens}
+                    "generated_tokens": self.tokens, "cache_positions": self.cache_positions,
+                    "cache_positions_held": self._reserved}
 
     # -- the engine thread ---------------------------------------------------------------------
     def _main(self, warmup: bool, ready: threading.Event) -> None:
@@ -255,12 +295,20 @@ class Engine:
                 if self._closing:
                     break
                 while self._waiting and len(self._active) < self.max_batch:
-                    h = self._waiting.popleft()
+                    h = self._waiting[0]
+                    if (self.cache_positions is not None and self._active
+                            and self._reserved + self.positions(h.request)
+                            > self.cache_positions):
+                        break  # waits, in order, for running requests to free positions
+                    self._waiting.popleft()
                     try:
-                        self._active.append(_Slot(h, self.net, self.tokenizer, self.context))
+                        slot = _Slot(h, self.net, self.tokenizer, self.context)
                     except Exception as exc:  # e.g. a GPU cache that cannot be that long
                         _fail(h, _as_error(exc))
-                self._active = [s for s in self._active if not s.handle.cancelled]
+                        continue
+                    self._active.append(slot)
+                    self._reserved += slot.positions
+                self._drop([s for s in self._active if s.handle.cancelled])
             if self._active:
                 failed = None
                 self.stepping = True
@@ -283,7 +331,8 @@ class Engine:
         stopping = UnavailableError("the server is shutting down")
         with self._cv:
             active, waiting = self._active, list(self._waiting)
-            self._active, self._waiting = [], collections.deque()
+            self._drop(active)
+            self._waiting = collections.deque()
         for s in active:
             s.emit("", None, "error", stopping)
         for h in waiting:
@@ -342,6 +391,15 @@ class Engine:
     def _remove(self, slots: list[_Slot]) -> None:
         if slots:
             with self._cv:
-                gone = {id(s) for s in slots}
-                self._active = [s for s in self._active if id(s) not in gone]
+                self._drop(slots)
+
+    def _drop(self, slots: list[_Slot]) -> None:
+        """Take ``slots`` out of the running ones and give their positions and caches back
+        (call with the lock held)."""
+        gone = {id(s) for s in slots}
+        for s in self._active:
+            if id(s) in gone:
+                self._reserved -= s.positions
+                s.cache = None  # its memory goes now, not when the handle goes
+        self._active = [s for s in self._active if id(s) not in gone]
 

@@ -11,12 +11,14 @@ stream gets an error event, a waiting call a 503), and the port is released.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..bench import kv_bytes_per_position
 from ..constants import DEFAULT_KV_TYPE
 from ..errors import RequestError
 
@@ -34,12 +36,14 @@ def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
           context: int | None = None, max_queue: int = 64, threads: int | None = None,
           i2s_variant: str = "x86", ready: Callable[[dict], None] | None = None,
           access_log: Callable[[str], None] | None = None,
-          kv_cache: str = DEFAULT_KV_TYPE) -> None:
+          kv_cache: str = DEFAULT_KV_TYPE, cache_memory: str = "auto") -> None:
     """Serve ``path`` until a signal stops it. ``ready(info)`` is called once the port
     listens, with ``url``, ``model``, ``backend``, ``max_batch`` and ``context``;
     ``access_log(line)`` once per request that has ended (client, method and path, status,
     tokens in and out, milliseconds). ``kv_cache``: each request's KV cache type (f16, f32
-    or q8_0, as :func:`~bitformat.runtime.load`).
+    or q8_0, as :func:`~bitformat.runtime.load`). ``cache_memory``: the memory all requests'
+    KV caches may take together, as :func:`cache_pool` reads it; requests wait until theirs
+    fits (``info["cache_positions"]``).
 
     The wgpu network holds one sequence at a time, so on ``wgpu`` requests run one after
     another (``max_batch`` 1; ``info["note"]`` says so).
@@ -61,14 +65,18 @@ def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
     kwargs: dict[str, Any] = {"threads": threads} if backend == "cpu" else {}
     model = load(path, backend=backend, i2s_variant=i2s_variant, kv_cache=kv_cache, **kwargs)
     try:
+        ctx = min(context or model.args.context_length, model.args.context_length)
+        per = kv_bytes_per_position(model.args, kv_cache)
+        pool = None if backend == "wgpu" else cache_pool(cache_memory, per, max_batch * ctx)
         engine = Engine(model.net, model.tokenizer, max_batch=max_batch, context=context,
-                        max_queue=max_queue).start()
+                        max_queue=max_queue, cache_positions=pool).start()
         server = Server(engine, model.tokenizer, model_id(path), int(time.time()))
         config = uvicorn.Config(server.app(api_key, access_log), host=host, port=port,
                                 log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=5)
         info = {"model": server.model_id, "backend": backend, "max_batch": max_batch,
-                "context": engine.context, "note": note}
+                "context": engine.context, "note": note, "kv_cache": kv_cache,
+                "cache_positions": pool, "cache_bytes": None if pool is None else pool * per}
 
         class Uvicorn(uvicorn.Server):
             """Ends the engine's requests as soon as a signal arrives (uvicorn's own shutdown
@@ -94,3 +102,49 @@ def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
     finally:
         model.close()
 
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
+          "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12,
+          "tib": 1 << 40}
+#: the share of the memory available at start that ``--cache-memory auto`` gives the caches
+AUTO_SHARE = 0.8
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size such as ``2GiB``, ``1.5GB``, ``512M`` or ``1000000``."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise RequestError(f"{text!r:.30} is not a size: write a number of bytes with a unit "
+                           "such as 2GiB, 1.5GB or 512MiB, or auto")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def memory_available() -> int | None:
+    """Bytes the kernel says can be taken without swapping (``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def cache_pool(cache_memory: str, bytes_per_position: int, most: int) -> int:
+    """KV cache positions the server's requests may hold together: ``cache_memory`` bytes
+    (:func:`parse_size`) or, for "auto", :data:`AUTO_SHARE` of the memory available now,
+    at most ``most`` (every request at the full context)."""
+    if cache_memory.strip().lower() == "auto":
+        free = memory_available()
+        if free is None:
+            return most
+        budget = int(free * AUTO_SHARE)
+    else:
+        budget = parse_size(cache_memory)
+    positions = min(most, budget // bytes_per_position)
+    if positions < 2:
+        raise RequestError(f"a KV cache of {budget:,} bytes holds {positions} positions of "
+                           f"{bytes_per_position:,} bytes: give --cache-memory more")
+    return positions
