@@ -1,16 +1,22 @@
-"""Decode speed against context length on the cpu backend: how a step's time grows with the
-positions its attention reads.
+"""Prefill and decode against context length on the cpu backend, against llama.cpp on the
+same trits: what a long conversation or document costs.
 
     python tools/bench_context.py MODEL.gguf [--contexts 8,1024,2048,3072,4000] [--write]
+    python tools/bench_context.py MODEL.gguf --no-llama --kv-cache f16,q8_0
     python tools/bench_context.py MODEL.gguf --baseline /tmp/old-tree   # before/after
 
-Each variant (this tree; ``--baseline DIR``: another source tree, e.g. ``git archive`` of an
-older commit) runs in a worker process of its own that loads the model once. For a context L
-the worker fills a KV cache's first L positions with random keys and values (the attention's
-work and bytes do not depend on what they hold; a real prompt of 4,000 tokens would take
-minutes to prefill on a CPU without AVX-512) and times ``--steps`` greedy decode steps at
-positions L, L + 1, ...: the whole step, LM head included. Rounds interleave the variants
-and contexts, ``--rounds`` times; figures are medians of the per-round medians.
+MODEL is a bitformat container of the 2B-4T shape (``bitformat synth --preset 2b4t``). Each
+variant runs in a worker process of its own that loads the model once: this tree with each
+``--kv-cache`` type, ``--baseline DIR`` (another source tree, e.g. ``git archive`` of an older
+commit), and llama.cpp (llama-cpp-python) on a TQ2_0 copy of MODEL written as upstream's
+``bitnet`` architecture (``bench_decode.llama_copy``: the same trits, bytes unchanged), with
+the same threads (``--threads``, default all cores) and its default f16 KV cache.
+
+For a context L every worker runs a prompt of L token ids (the same ids for all, drawn from
+the vocabulary with a fixed seed) on a fresh sequence, timed as prefill, then ``--steps``
+greedy decode steps after it, timed as decode. Rounds interleave the variants and contexts.
+Reported per variant and L: prefill and decode tokens/s (medians over ``--rounds``), the KV
+cache bytes a decode step reads at L, and the worker's peak resident memory (``VmHWM``).
 
 Contention: each measurement records the CPU other processes took meanwhile (``/proc/stat``
 less the worker's own time, in cores); one above ``--max-other`` is repeated once.
@@ -32,59 +38,110 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_cold_start import cpu_name  # noqa: E402
 from bench_load import _self_cpu, busy_ticks  # noqa: E402
 
-SECTION = "Decode against context length (full-size synthetic 2B-4T, cpu)"
+SECTION = "Prefill and decode against context length (full-size synthetic 2B-4T, cpu)"
+OLD_SECTION = "Decode against context length (full-size synthetic 2B-4T, cpu)"
 MSG = "@@ctx "
 TICK = os.sysconf("SC_CLK_TCK")
+LLAMA = "llama.cpp"
 
 
-# -- the worker ----------------------------------------------------------------------------------
-def worker(model: str, steps: int, max_context: int, kv: str) -> None:
+def peak_rss() -> int:
+    """This process's peak resident bytes (``VmHWM``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def prompt_ids(n: int, vocab: int) -> list[int]:
     import numpy as np
 
-    from bitformat.runtime import load
-    from bitformat.runtime.models.base import Segment
-    from bitformat.runtime.sampling import Sampler
+    lo = min(1000, vocab // 4)  # past the special tokens
+    return [int(t) for t in np.random.default_rng(7).integers(lo, vocab - lo, n)]
 
-    with load(model, backend="cpu", **({"kv_cache": kv} if kv != "f32" else {})) as m:
-        net = m.net
-        cache = net.new_cache(max_context + steps + 8)
-        rng = np.random.default_rng(0)
-        cache.k[:] = rng.standard_normal(cache.k.shape, np.float32)
-        cache.v[:] = rng.standard_normal(cache.v.shape, np.float32)
-        sampler = Sampler()  # greedy
 
-        def run(ctx: int, n: int) -> list[float]:
-            cache.length = ctx
-            tok, times = 1, []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                tok = net.decode([Segment([tok], cache)], [sampler])[0]
-                times.append(time.perf_counter() - t0)
-            return times
+# -- the workers ---------------------------------------------------------------------------------
+class BitformatSide:
+    def __init__(self, model: str, kv: str, threads: int | None):
+        from bitformat.runtime import load
 
-        m.warmup()  # every kernel a step can run, long contexts' threaded attention included
-        run(8, 3)  # fault the weights in
-        run(max_context, 2)
-        print(MSG + json.dumps({"ready": True}), flush=True)
-        for line in sys.stdin:
-            ctx = int(line)
-            c0 = _self_cpu()
-            times = run(ctx, steps)
-            print(MSG + json.dumps({"ms": statistics.median(times) * 1e3,
-                                    "cpu": _self_cpu() - c0}), flush=True)
+        kwargs = {"kv_cache": kv} if kv != "default" else {}
+        self.m = load(model, backend="cpu", threads=threads, **kwargs)
+        self.vocab = self.m.args.vocab_size
+        self.m.warmup()  # every kernel a step can run, long contexts' attention included
+        self.run(prompt_ids(70, self.vocab), 4)  # fault the weights in, a prompt's kernels
+
+    def run(self, prompt: list[int], steps: int) -> dict:
+        r = self.m.generate(prompt, max_new_tokens=steps + 1, stop_ids=[])
+        s = r.stats
+        return {"prefill_tps": len(prompt) / s.prompt_seconds, "decode_tps": s.generation_tps,
+                "kv_bytes": s.kv_bytes_last_token}
+
+
+class LlamaSide:
+    def __init__(self, model: str, threads: int, n_ctx: int):
+        from bench_decode import import_llama_cpp
+
+        lib = import_llama_cpp()
+        self.lib = lib
+        self.llm = lib.Llama(model_path=model, n_threads=threads, n_threads_batch=threads,
+                             n_ctx=n_ctx, n_batch=512, verbose=False)
+        self.vocab = self.llm.n_vocab()
+        meta = self.llm.metadata
+        kv_dim = (int(meta["bitnet.embedding_length"]) // int(meta["bitnet.attention.head_count"])
+                  * int(meta["bitnet.attention.head_count_kv"]))
+        self.kv_per_pos = int(meta["bitnet.block_count"]) * 2 * kv_dim * 2  # f16 K and V
+        self.run(prompt_ids(70, self.vocab), 4)
+
+    def _next(self) -> int:
+        import numpy as np
+
+        ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(self.vocab,))))
+
+    def run(self, prompt: list[int], steps: int) -> dict:
+        llm = self.llm
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt)
+        prefill = time.perf_counter() - t0
+        tok = self._next()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            llm.eval([tok])
+            tok = self._next()
+        decode = time.perf_counter() - t0
+        return {"prefill_tps": len(prompt) / prefill, "decode_tps": steps / decode,
+                "kv_bytes": (len(prompt) + steps - 1) * self.kv_per_pos}
+
+
+def worker(kind: str, model: str, steps: int, max_context: int, kv: str,
+           threads: int | None) -> None:
+    if kind == "llama":
+        side = LlamaSide(model, threads or os.cpu_count() or 1, max_context + steps + 8)
+    else:
+        side = BitformatSide(model, kv, threads)
+    print(MSG + json.dumps({"ready": True, "vocab": side.vocab}), flush=True)
+    for line in sys.stdin:
+        ctx = int(line)
+        prompt = prompt_ids(ctx, side.vocab)
+        c0 = _self_cpu()
+        r = side.run(prompt, steps)
+        print(MSG + json.dumps({**r, "cpu": _self_cpu() - c0, "peak_rss": peak_rss()}),
+              flush=True)
 
 
 # -- the parent --------------------------------------------------------------------------------
 class Worker:
-    def __init__(self, name: str, tree: Path, model: str, steps: int, max_context: int,
-                 kv: str):
+    def __init__(self, name: str, kind: str, tree: Path, model: str, steps: int,
+                 max_context: int, kv: str, threads: int | None):
         self.name = name
         env = {**os.environ, "PYTHONPATH": str(tree)}
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", model, "--steps",
-             str(steps), "--max-context", str(max_context), "--kv-cache", kv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+            [sys.executable, str(Path(__file__).resolve()), "--worker", kind, model, "--steps",
+             str(steps), "--max-context", str(max_context), "--kv-cache", kv]
+            + (["--threads", str(threads)] if threads else []),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
         self.read()
 
     def read(self) -> dict:
@@ -110,29 +167,50 @@ class Worker:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["bitformat", "llama"], help=argparse.SUPPRESS)
     ap.add_argument("--max-context", type=int, default=4000, help=argparse.SUPPRESS)
     ap.add_argument("--contexts", default="8,1024,2048,3072,4000")
-    ap.add_argument("--steps", type=int, default=8, help="decode steps timed per measurement")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=16, help="decode steps timed per measurement")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads of every variant (default: bitformat adaptive, llama.cpp "
+                         "all cores)")
     ap.add_argument("--baseline", type=Path, help="another source tree to compare against")
-    ap.add_argument("--kv-cache", default="f32",
-                    help="KV cache types to run this tree with (comma-separated: f32,f16)")
+    ap.add_argument("--kv-cache", default="f16",
+                    help="KV cache types to run this tree with (comma-separated)")
+    ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out")
+    ap.add_argument("--llama-file", type=Path,
+                    help="where the llama.cpp copy goes (default: beside MODEL)")
     ap.add_argument("--max-other", type=float, default=0.25)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "context-decode.png")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     a = ap.parse_args()
     if a.worker:
-        worker(a.model, a.steps, a.max_context, a.kv_cache)
+        worker(a.worker, a.model, a.steps, a.max_context, a.kv_cache, a.threads)
         return
     contexts = [int(x) for x in a.contexts.split(",")]
     t_start = time.time()
+    model = Path(a.model).resolve()
     kvs = a.kv_cache.split(",")
-    trees = [(f"this tree {kv}" if len(kvs) > 1 else "this tree", ROOT, kv) for kv in kvs]
-    trees += [("before", a.baseline.resolve(), "f32")] if a.baseline else []
-    workers = [Worker(n, t, str(Path(a.model).resolve()), a.steps, max(contexts), kv)
-               for n, t, kv in trees]
+    specs = [(f"bitformat {kv}", "bitformat", ROOT, str(model), kv) for kv in kvs]
+    if a.baseline:
+        specs.append(("before", "bitformat", a.baseline.resolve(), str(model), "default"))
+    if not a.no_llama:
+        llama = a.llama_file or model.with_name(model.stem + ".llama-tq2_0.gguf")
+        if not llama.exists():
+            from bench_decode import llama_copy
+
+            from bitformat.container import convert
+
+            tq = model.with_name(model.stem + ".tq2_0-for-llama.gguf")
+            print(f"writing the TQ2_0 copy for llama.cpp: {llama}", flush=True)
+            convert(model, tq, "tq2_0")
+            llama_copy(tq, llama)
+            tq.unlink()
+        specs.append((LLAMA, "llama", ROOT, str(llama), "f16"))
+    workers = [Worker(n, kind, tree, path, a.steps, max(contexts), kv, a.threads)
+               for n, kind, tree, path, kv in specs]
     res: dict[str, dict[int, list[dict]]] = {w.name: {c: [] for c in contexts} for w in workers}
     try:
         for r in range(a.rounds):
@@ -142,23 +220,31 @@ def main() -> None:
                     if m["other"] > a.max_other:
                         m = w.measure(c)
                     res[w.name][c].append(m)
-                    print(f"round {r} {w.name:9s} L={c:5d} {m['ms']:8.1f} ms/token "
-                          f"(other {m['other']:.2f})", flush=True)
+                    print(f"round {r} {w.name:15s} L={c:5d} prefill {m['prefill_tps']:7.1f} "
+                          f"decode {m['decode_tps']:6.2f} tok/s, peak "
+                          f"{m['peak_rss'] / 2**30:.2f} GiB (other {m['other']:.2f})",
+                          flush=True)
     finally:
         for w in workers:
             w.close()
     out = {"cpu": cpu_name(), "model": a.model, "steps": a.steps, "rounds": a.rounds,
-           "kv": a.kv_cache, "baseline_commit": _commit(a.baseline) if a.baseline else None,
+           "kv": a.kv_cache, "threads": a.threads,
+           "baseline_commit": _commit(a.baseline) if a.baseline else None,
            "minutes": (time.time() - t_start) / 60,
            "results": {n: {str(c): v for c, v in d.items()} for n, d in res.items()}}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
-    text = section(out, a, contexts)
+    text = section(out, contexts)
     print(text)
     plot(out, contexts, a.plot)
     if a.write:
         from benchdoc import DOC, replace_section
 
+        doc = DOC.read_text()
+        old = doc.find(f"## {OLD_SECTION}\n")
+        if old >= 0:  # this section replaces the decode-only one it grew from
+            end = doc.find("\n## ", old + 4)
+            DOC.write_text(doc[:old] + doc[end + 1:])
         replace_section(DOC, SECTION, text, after="Decode on the CPU (full-size synthetic 2B-4T)")
 
 
@@ -168,57 +254,75 @@ def _commit(tree: Path) -> str:
     return os.environ.get("BASELINE_COMMIT", str(tree))
 
 
-def _med(ms: list[dict]) -> float:
-    return statistics.median(m["ms"] for m in ms)
+def _med(ms: list[dict], key: str) -> float:
+    return statistics.median(m[key] for m in ms)
 
 
-def section(out: dict, a, contexts: list[int]) -> str:
+def section(out: dict, contexts: list[int]) -> str:
     names = list(out["results"])
-    base = "before" if "before" in names else None
-    first = names[0]
+    res = out["results"]
+    mine = [n for n in names if n.startswith("bitformat")]
+    llama = LLAMA if LLAMA in names else None
+    threads = out.get("threads")
     lines = [f"## {SECTION}", "",
              f"Command: `python tools/bench_context.py 2b4t.gguf --contexts "
-             f"{','.join(map(str, contexts))} --rounds {out['rounds']} --kv-cache "
-             f"{out.get('kv', 'f32')}" + (" --baseline DIR" if base else "") + " --write` on "
-             "`bitformat synth --preset 2b4t` (i2_s)"
-             + (f", DIR = `git archive` of {out['baseline_commit']}" if base else "")
-             + ". Machine: " + out["cpu"] + f". The run took {out['minutes']:.1f} min.", "",
-             "A worker process per variant (source tree and KV cache type) loads the model "
-             "once; for a context L it fills the KV cache's first L positions with random keys "
-             f"and values and times {out['steps']} greedy decode steps at positions L, L + 1, "
-             "... (the whole step, the screened LM head included). Rounds interleave the "
-             "variants and contexts; figures are medians over the rounds of each round's median "
-             "step. Cache bytes a step reads: 2 x L x 5 kv heads x 128 x 30 layers x 4 bytes "
-             "(f32) or 2 bytes (f16).", "",
-             "| L | cache MB/step (f32) | " + " | ".join(f"{n} tok/s | ms/token" for n in names)
-             + (f" | {first} / before |" if base else ""),
-             "|---|---|" + "---|---|" * len(names) + ("---|" if base else "")]
-    res = out["results"]
+             f"{','.join(map(str, contexts))} --steps {out['steps']} --rounds {out['rounds']} "
+             f"--kv-cache {out['kv']}" + (f" --threads {threads}" if threads else "")
+             + (" --baseline DIR" if "before" in names else "") + " --write` on `bitformat "
+             "synth --preset 2b4t` (i2_s)"
+             + (f", DIR = `git archive` of {out['baseline_commit']}" if "before" in names
+                else "") + ". Machine: " + out["cpu"] + f". The run took {out['minutes']:.1f} "
+             "min.", "",
+             "Each variant is a worker process that loads the model once. For a context L it "
+             "runs a prompt of L token ids on a fresh sequence (prefill, timed) and then "
+             f"{out['steps']} greedy decode steps (decode, timed; the whole step, the LM head "
+             "included). llama.cpp is llama-cpp-python on a TQ2_0 copy of the same trits "
+             "(upstream's `bitnet` architecture), "
+             + (f"{threads} threads" if threads else "all cores") + ", its default f16 KV "
+             "cache. Rounds interleave the variants and contexts; figures are medians over the "
+             "rounds. KV MB: what the last decode step read from the cache. Peak: the "
+             "worker's resident memory at its highest so far (the model's pages included).",
+             ""]
+    head = ["L"]
+    for n in names:
+        head += [f"{n} prefill tok/s", f"{n} decode tok/s"]
+    if llama:
+        head += [f"{m} / llama.cpp (prefill, decode)" for m in mine]
+    head += [f"{n} KV MB / peak GiB" for n in names]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in contexts:
-        row = [f"{c:,}", f"{2 * c * 5 * 128 * 4 * 30 / 1e6:,.0f}"]
+        row = [f"{c:,}"]
         for n in names:
-            ms = _med(res[n][str(c)])
-            row += [f"{1e3 / ms:.2f}", f"{ms:.1f}"]
-        if base:
-            row.append(f"{_med(res[base][str(c)]) / _med(res[first][str(c)]):.2f}x")
+            row += [f"{_med(res[n][str(c)], 'prefill_tps'):.1f}",
+                    f"{_med(res[n][str(c)], 'decode_tps'):.2f}"]
+        if llama:
+            lp, ld = (_med(res[llama][str(c)], k) for k in ("prefill_tps", "decode_tps"))
+            for m in mine:
+                row.append(f"{_med(res[m][str(c)], 'prefill_tps') / lp:.2f}x, "
+                           f"{_med(res[m][str(c)], 'decode_tps') / ld:.2f}x")
+        for n in names:
+            last = res[n][str(c)][-1]
+            row.append(f"{last['kv_bytes'] / 1e6:,.0f} / {last['peak_rss'] / 2**30:.2f}")
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    short, long_ = contexts[0], [c for c in contexts if c >= 3072]
     for n in names:
-        short, long_ = contexts[0], [c for c in contexts if c >= 3072]
         if long_:
             c = long_[0]
-            ratio = _med(res[n][str(short)]) / _med(res[n][str(c)])
-            lines.append(f"{n}: decode at L = {c:,} is {ratio:.2f} of its speed at L = {short} "
-                         "(target, issue 23: at least 0.6).")
-    if "no AVX-512" in out["cpu"]:
-        lines += ["", "On a CPU without AVX-512 the cpu backend's mat-vecs run the portable "
-                  "kernels, which are bound by arithmetic (a short-context step takes ~170 ms "
-                  "here against ~26 ms with AVX-512 VNNI), so attention weighs less in the "
-                  "step here than there: the ratios above do not carry over to such a CPU, "
-                  "where they are not measured yet."]
+            ratio = _med(res[n][str(c)], "decode_tps") / _med(res[n][str(short)], "decode_tps")
+            lines.append(f"- {n}: decode at L = {c:,} is {ratio:.2f} of its speed at L = "
+                         f"{short} (target, issue 23: at least 0.6).")
+    if llama:
+        for m in mine:
+            dec = min(_med(res[m][str(c)], "decode_tps") / _med(res[llama][str(c)], "decode_tps")
+                      for c in contexts)
+            pre = min(_med(res[m][str(c)], "prefill_tps")
+                      / _med(res[llama][str(c)], "prefill_tps") for c in contexts)
+            lines.append(f"- {m} against llama.cpp, lowest over the contexts: decode {dec:.2f}x, "
+                         f"prefill {pre:.2f}x (targets, issue 23: at least 1.5x each).")
     other = max(m["other"] for d in res.values() for ms in d.values() for m in ms)
     lines += ["", f"Other processes took at most {other:.2f} cores during a measurement.", "",
-              "![decode tok/s against context](context-decode.png)"]
+              "![tok/s against context](context-decode.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -228,15 +332,19 @@ def plot(out: dict, contexts: list[int], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    for (name, d), marker in zip(out["results"].items(), "osD^", strict=False):
-        ax.plot(contexts, [1e3 / _med(d[str(c)]) for c in contexts], marker=marker, label=name)
-    ax.set_xlabel("context (positions in the KV cache)")
-    ax.set_ylabel("decode tokens/s")
-    ax.set_ylim(bottom=0)
-    ax.set_title("2B-4T decode on the cpu backend against context\n" + out["cpu"], fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for (name, d), marker in zip(out["results"].items(), "osD^v", strict=False):
+        for ax, key in zip(axes, ("decode_tps", "prefill_tps"), strict=True):
+            ax.plot(contexts, [_med(d[str(c)], key) for c in contexts], marker=marker,
+                    label=name)
+    for ax, what in zip(axes, ("decode", "prefill"), strict=True):
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel(f"{what} tokens/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("2B-4T on the cpu backend against context, and llama.cpp\n" + out["cpu"],
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -378,12 +378,12 @@ def test_lm_head_of_2b4t_size(gpu):
 
 
 # -- attention, argmax ----------------------------------------------------------------------------
-def attention_kernels(dev, H, KV, hd, ML, *, qkn=0, perm=0, batch=0):
+def attention_kernels(dev, H, KV, hd, ML, *, qkn=0, perm=0, batch=0, kvt=0):
     from bitformat.runtime.wgpu.network import CMAX, SPAR, SPLIT, splits
 
     smax, gq = splits(ML), H // KV
     qkvs = (H + 2 * KV) * hd
-    common = dict(H=H, KVH=KV, HD=hd, QKN=qkn, PERM=perm, EPS=np.float32(1e-6))
+    common = dict(H=H, KVH=KV, HD=hd, QKN=qkn, PERM=perm, EPS=np.float32(1e-6), KVT=kvt)
     split = dev.kernel("attn_split", {"QS4": str(gq * hd // 4), "SCN": str(gq * CMAX)},
                        ML=ML, INV=np.float32(1 / np.sqrt(hd)), SMAX=smax, CMAX=CMAX,
                        BATCH=batch, QKVS=qkvs, **common)
@@ -445,6 +445,39 @@ def test_attention_step(gpu, rng, n, qkn, perm):
     got = read(dev, out, H * hd + 4)
     assert np.isnan(got[H * hd:]).all()
     assert np.abs(got[: H * hd] - want).max() <= 2e-5 * np.abs(want).max(), f"n={n} {rng.seed}"
+
+
+def test_f16_cache_rounds_as_numpy(gpu, rng):
+    """KVT = 1 (an f16 cache, kv_round.wgsl): the values attn_split stores are numpy's
+    float16 roundings, bit for bit: ties to even, subnormals, overflow to infinity."""
+    from bitformat.runtime.wgpu.network import splits
+
+    dev = gpu
+    H, KV, hd, ML = 4, 2, 64, 64
+    split, _, _, smax = attention_kernels(dev, H, KV, hd, ML, kvt=1)
+    special = np.array([1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11), 65519.0, 65520.0, -7e4,
+                        2**-25, 3 * 2**-25, 1e-8, -2.5e-6, 6.1e-5, 2**-14 + 2**-25, 0.0, -0.0,
+                        1.0009765625, 2049.0, 4097.0, 0.1], np.float32)
+    v = (rng.standard_normal((KV, hd)) * rng.uniform(1e-6, 1e3, (KV, hd))).astype(np.float32)
+    v.reshape(-1)[:special.size] = special
+    q = rng.standard_normal((H, hd)).astype(np.float32)
+    k = rng.standard_normal((KV, hd)).astype(np.float32)
+    kcb, vcb = poisoned(dev, ML * KV * hd), poisoned(dev, ML * KV * hd)
+    inv_freq = 1.0 / 500000.0 ** (np.arange(0, hd, 2) / hd)
+    ang = np.arange(ML, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)
+    cs = dev.upload(np.concatenate([np.cos(ang), np.sin(ang)], axis=1))
+    qkv = dev.upload(np.concatenate([q.reshape(-1), k.reshape(-1), v.reshape(-1)]))
+    state = dev.upload(np.array([0, 0, 1, 0], np.uint32))
+    part = poisoned(dev, H * smax * (hd + 4))
+    ng = dev.upload(np.ones(2 * hd, np.float32))
+    dev.run([Dispatch("attention", split, dev.bind(split, qkv, kcb, vcb, cs, state, part, ng),
+                      (KV, splits(1), 1))])
+    got = read(dev, vcb, KV * hd)
+    with np.errstate(over="ignore"):  # 65520 and -7e4 become infinities, as they should
+        want = v.reshape(-1).astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    keys = read(dev, kcb, KV * hd)  # rotated, then rounded: float16 values
+    assert np.array_equal(keys, keys.astype(np.float16).astype(np.float32))
 
 
 @pytest.mark.parametrize("qkn,perm", [(0, 0), (1, 1)])
