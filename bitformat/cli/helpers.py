@@ -166,7 +166,7 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
 
     notice = CompileNotice(" (not counted in the speeds reported)")
     # a cold kernel cache: a second process compiles the layer kernels meanwhile
-    helper = start_helper(file, backend)
+    helper = start_helper(file, backend, kv_cache)
     bar = LayerBar(file, backend)
     try:
         try:

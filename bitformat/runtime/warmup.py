@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..constants import DEFAULT_KV_TYPE
+
 
 @contextlib.contextmanager
 def on_compile(callback: Callable[[str], None],
@@ -199,12 +201,14 @@ def cache_is_cold() -> bool:
         return False
 
 
-def start_helper(path: str | os.PathLike, backend: str) -> subprocess.Popen | None:
+def start_helper(path: str | os.PathLike, backend: str,
+                 kv_cache: str = DEFAULT_KV_TYPE) -> subprocess.Popen | None:
     """On a cold kernel cache, start a process that compiles the layer kernels of the model
     at ``path`` (its family and container) on a tiny synthetic model with the full head,
     while this one loads the real model and compiles its screened head: two cores compile at
     once. numba's cache is shared through the file system, so what the helper wrote this
-    process then loads instead of compiling. None where the cache is warm, the backend is not
+    process then loads instead of compiling (for KV caches of type ``kv_cache``, whose
+    kernels are their own). None where the cache is warm, the backend is not
     cpu, the file is not one it knows, or ``BITFORMAT_COMPILE_HELPER=0``."""
     if os.environ.get(ENV_HELPER, "1") in ("0", "") or backend != "cpu" or not cache_is_cold():
         return None
@@ -227,7 +231,7 @@ def start_helper(path: str | os.PathLike, backend: str) -> subprocess.Popen | No
     if preset is None:
         return None
     cmd = [sys.executable, "-m", "bitformat.runtime.warmup", preset, container,
-           "q2_0" if q2 else "f16"]
+           "q2_0" if q2 else "f16", kv_cache]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL)
@@ -288,7 +292,8 @@ def finish_helper(helper: subprocess.Popen | None, timeout: float = 600) -> None
         CHILDREN.discard(helper)
 
 
-def _helper_main(preset: str, container: str, embedding: str) -> None:
+def _helper_main(preset: str, container: str, embedding: str,
+                 kv_cache: str = DEFAULT_KV_TYPE) -> None:
     """The helper's work: a tiny model of the preset in the container, its full-head warmup
     (splitting the one-token step off to the first process was slower: the two then compile
     many of the same helpers)."""
@@ -304,7 +309,7 @@ def _helper_main(preset: str, container: str, embedding: str) -> None:
                 path = Path(tmp) / f"tiny.{container}.gguf"
             except Exception:  # a container the tiny model cannot take: i2_s's kernels then
                 pass
-        with load(path, backend="cpu", head="full") as m:
+        with load(path, backend="cpu", head="full", kv_cache=kv_cache) as m:
             m.warmup(parts=("prompt", "step"))
             sys.stdout.buffer.write(LAYERS_READY + b"\n")  # the first process may go on
             sys.stdout.flush()
@@ -323,4 +328,4 @@ if __name__ == "__main__":
         _run_variants(sys.argv[3], sys.argv[2].split(","), None,
                       lambda st: print(f"{st.what}\t{st.seconds}\t{st.compiled}", flush=True))
     else:
-        _helper_main(*sys.argv[1:4])
+        _helper_main(*sys.argv[1:5])
