@@ -267,8 +267,9 @@ def test_decode_row_same_bits_as_layer_by_layer(cpu_models, fid, kind, monkeypat
         finally:
             net._plan = plan
         np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
-        np.testing.assert_array_equal(fused.k, layered.k, err_msg=f"k cache, step {step}")
-        np.testing.assert_array_equal(fused.v, layered.v, err_msg=f"v cache, step {step}")
+        n = fused.length  # the positions held (the rest of the arrays is not written)
+        np.testing.assert_array_equal(fused.k[:, :n], layered.k[:, :n], f"k cache, step {step}")
+        np.testing.assert_array_equal(fused.v[:, :n], layered.v[:, :n], f"v cache, step {step}")
 
 
 @pytest.mark.parametrize("numba_threads,team,least", [
@@ -368,8 +369,9 @@ def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypa
             net._plan = plan
         np.testing.assert_array_equal(x, y, err_msg=f"step {step}")
         for a, b in zip(fused, layered, strict=True):
-            np.testing.assert_array_equal(a.k, b.k, err_msg=f"k cache, step {step}")
-            np.testing.assert_array_equal(a.v, b.v, err_msg=f"v cache, step {step}")
+            n = a.length  # the positions held (the rest of the arrays is not written)
+            np.testing.assert_array_equal(a.k[:, :n], b.k[:, :n], f"k cache, step {step}")
+            np.testing.assert_array_equal(a.v[:, :n], b.v[:, :n], f"v cache, step {step}")
 
 
 def test_every_row_container_has_a_cpu_kernel():

@@ -176,36 +176,58 @@ def _q8_scale(row, d, b):
     return _h2f(np.uint16(lo | (hi << 8)))
 
 
-def _row_dot(qr, h, row):
-    """``qr[h] . values(row)``: a query head against one cached row (any cache type)."""
+def _val(row, i):
+    """Element i of a float32 or float16 (uint16 bits) cache row, as float32."""
 
 
-@overload(_row_dot, inline="always")
-def _ol_row_dot(qr, h, row):
-    if row.dtype == types.int8:  # q8_0: code * fp16(scale), block by block
-        def dot_q8_0(qr, h, row):
-            d = qr.shape[1]
-            dot = np.float32(0.0)
-            for b0 in range(0, d, QK8_0):
-                sc = _q8_scale(row, d, b0 // QK8_0)
-                for i in range(b0, min(d, b0 + QK8_0)):
-                    dot += qr[h, i] * (np.float32(row[i]) * sc)
-            return dot
-        return dot_q8_0
-    if isinstance(row.dtype, types.Integer):  # float16 bits
-        def dot_f16(qr, h, row):
-            dot = np.float32(0.0)
-            for i in range(qr.shape[1]):
-                dot += qr[h, i] * _h2f(row[i])
-            return dot
-        return dot_f16
+@overload(_val, inline="always")
+def _ol_val(row, i):
+    if isinstance(row.dtype, types.Integer):
+        return lambda row, i: _h2f(row[i])
+    return lambda row, i: row[i]
 
-    def dot_f32(qr, h, row):
-        dot = np.float32(0.0)
-        for i in range(qr.shape[1]):
-            dot += qr[h, i] * row[i]
-        return dot
-    return dot_f32
+
+def _group_dots(qr, h0, hn, row, scale, p, col):
+    """``p[h, col] = (qr[h] . values(row)) * scale`` for the query heads ``h0 <= h < hn`` that
+    share the cached key ``row`` (any cache type): four heads a pass over the row, so the row
+    is read and made float32 once for four dot products (a fifth to eighth head: a second
+    pass; with fewer than four the last head's sum is taken more than once, kept once)."""
+
+
+@overload(_group_dots, inline="always")
+def _ol_group_dots(qr, h0, hn, row, scale, p, col):
+    q8 = row.dtype == types.int8
+
+    def impl(qr, h0, hn, row, scale, p, col):
+        d = qr.shape[1]
+        for g in range(h0, hn, 4):
+            last = hn - 1
+            a, b, c, e = g, min(g + 1, last), min(g + 2, last), min(g + 3, last)
+            s0 = s1 = s2 = s3 = np.float32(0.0)
+            if q8:  # q8_0: code * fp16(scale), block by block
+                for b0 in range(0, d, QK8_0):
+                    sc = _q8_scale(row, d, b0 // QK8_0)
+                    for i in range(b0, min(d, b0 + QK8_0)):
+                        k = np.float32(row[i]) * sc
+                        s0 += qr[a, i] * k
+                        s1 += qr[b, i] * k
+                        s2 += qr[c, i] * k
+                        s3 += qr[e, i] * k
+            else:
+                for i in range(d):
+                    k = _val(row, i)
+                    s0 += qr[a, i] * k
+                    s1 += qr[b, i] * k
+                    s2 += qr[c, i] * k
+                    s3 += qr[e, i] * k
+            p[a, col] = s0 * scale
+            if g + 1 <= last:
+                p[b, col] = s1 * scale
+            if g + 2 <= last:
+                p[c, col] = s2 * scale
+            if g + 3 <= last:
+                p[e, col] = s3 * scale
+    return impl
 
 
 def _row_axpy(w, row, part, h, off):
@@ -222,16 +244,11 @@ def _ol_row_axpy(w, row, part, h, off):
                 for i in range(b0, min(d, b0 + QK8_0)):
                     part[h, off + i] += w * (np.float32(row[i]) * sc)
         return axpy_q8_0
-    if isinstance(row.dtype, types.Integer):
-        def axpy_f16(w, row, part, h, off):
-            for i in range(part.shape[1] - off):
-                part[h, off + i] += w * _h2f(row[i])
-        return axpy_f16
 
-    def axpy_f32(w, row, part, h, off):
+    def axpy(w, row, part, h, off):
         for i in range(part.shape[1] - off):
-            part[h, off + i] += w * row[i]
-    return axpy_f32
+            part[h, off + i] += w * _val(row, i)
+    return axpy
 
 
 @njit(error_model="numpy")
@@ -299,17 +316,21 @@ def attn_chunks(n: int) -> int:
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
 def _part_scores(qr, kc, c0, c1, scale, p):
     """``p[h, t - c0] = (qr[h] . kc[t, h // G]) * scale`` for c0 <= t < c1, G query heads per
-    kv head: the cache is read in its order, a position's keys (every kv head) at a time."""
+    kv head: the cache is read in its order, each key row once for the query heads that
+    share it (:func:`_group_dots`)."""
     H = qr.shape[0]
-    G = H // kc.shape[1]
+    KV = kc.shape[1]
+    G = H // KV
     for t in range(c0, c1):
-        for h in range(H):
-            p[h, t - c0] = _row_dot(qr, h, kc[t, h // G]) * scale
+        for j in range(KV):
+            _group_dots(qr, j * G, (j + 1) * G, kc[t, j], scale, p, t - c0)
 
 
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
 def _part_mix(p, vc, c0, c1, part):
-    """``part[h, PART_V:] = sum_t p[h, t - c0] * vc[t, h // G]``, the values read in order."""
+    """``part[h, PART_V:] = sum_t p[h, t - c0] * vc[t, h // G]``, the values read in order
+    (a value row stays in L1 for the G heads that read it; converting it once for all of
+    them, or keeping four heads' sums at once, measured no faster)."""
     H = part.shape[0]
     d = part.shape[1] - PART_V
     G = H // vc.shape[1]

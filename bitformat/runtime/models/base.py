@@ -138,8 +138,10 @@ class KVCache:
         self.max_len = max_len
 
     def _alloc(self, capacity: int) -> np.ndarray:
+        """Room for ``capacity`` positions, not cleared: attention reads only the positions
+        written (a large ``np.empty`` costs no pages until they are written)."""
         layers, kv, width = self._shape
-        return np.zeros((layers, capacity, kv, width), self.store)
+        return np.empty((layers, capacity, kv, width), self.store)
 
     @property
     def capacity(self) -> int:
