@@ -185,11 +185,18 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "context-decode.png")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--from-json", type=Path,
+                    help="report a run saved with --json instead of measuring")
     a = ap.parse_args()
     if a.worker:
         worker(a.worker, a.model, a.steps, a.max_context, a.kv_cache, a.threads)
         return
     contexts = [int(x) for x in a.contexts.split(",")]
+    if a.from_json:
+        out = json.loads(a.from_json.read_text())
+        contexts = [int(c) for c in next(iter(out["results"].values()))]
+        report(out, contexts, a)
+        return
     t_start = time.time()
     model = Path(a.model).resolve()
     kvs = a.kv_cache.split(",")
@@ -234,6 +241,10 @@ def main() -> None:
            "results": {n: {str(c): v for c, v in d.items()} for n, d in res.items()}}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
+    report(out, contexts, a)
+
+
+def report(out: dict, contexts: list[int], a) -> None:
     text = section(out, contexts)
     print(text)
     plot(out, contexts, a.plot)
