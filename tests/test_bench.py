@@ -24,8 +24,8 @@ def bench(*args) -> dict:
     return r
 
 
-def expected_bytes(path, prompt: int, warmup: int, tokens: int, decode: str = ""
-                   ) -> dict[str, int]:
+def expected_bytes(path, prompt: int, warmup: int, tokens: int, decode: str = "",
+                   kv_cache: str = "f16") -> dict[str, int]:
     """Per class, from the container's tensor list and its shape metadata alone: rans decoded
     at load reads stfma rows (16 trits a u32), a coded head is read as the f16 it decodes to."""
     with open_model(path) as m:
@@ -44,7 +44,9 @@ def expected_bytes(path, prompt: int, warmup: int, tokens: int, decode: str = ""
             assert emb.coding == "rans_float" and emb.nbytes < out["lm_head"]
         else:
             assert sum(out.values()) == sum(e.nbytes for e in m.entries)
-    per_pos = layers * 2 * kv_heads * (dim // heads) * 4  # f32 K and V of every layer
+    d = dim // heads
+    row = {"f32": 4 * d, "f16": 2 * d, "q8_0": d + 2 * -(-d // 32)}[kv_cache]  # q8_0: 34 / 32
+    per_pos = layers * 2 * kv_heads * row  # K and V of every layer
     # timed step i runs position prompt + warmup + i and reads that many positions + 1
     lengths = [prompt + warmup + i + 1 for i in range(tokens)]
     kv = sum(per_pos * n for n in lengths)
@@ -54,8 +56,9 @@ def expected_bytes(path, prompt: int, warmup: int, tokens: int, decode: str = ""
 
 
 def check_container(c: dict, r: dict) -> None:
+    held = "f32" if r["backend"] == "wgpu" else r["kv_cache"]  # wgpu: f16 values, f32 slots
     want = expected_bytes(c["path"], r["prompt_tokens"], r["warmup_tokens"], r["tokens"],
-                          c["decode"])
+                          c["decode"], held)
     assert {k: v["bytes"] for k, v in c["classes"].items()} == want, c["format"]
     assert c["bytes_per_token"] == sum(want.values())
     assert c["ms_per_token"] > 0 and c["kernel_ms"] > 0

@@ -168,7 +168,7 @@ def test_cpu_backend_is_the_reference_with_per_token_activations(bonsai):
     greedy tokens wherever the top two logits are clearly apart."""
     with open_model(bonsai) as model:
         want, logs = reference(model, PROMPT, STEPS, absmax_int8)
-    with load(bonsai, backend="cpu") as m:
+    with load(bonsai, backend="cpu", kv_cache="f32") as m:  # the reference caches float64
         cache = m.net.new_cache(64)
         got = _forced_logits(lambda ids: m.net.forward(ids, cache)[0].astype(np.float64),
                              PROMPT, want)
