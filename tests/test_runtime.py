@@ -108,7 +108,7 @@ def rel_err(a, b) -> float:
 @pytest.mark.parametrize("fid", FORMAT_IDS)
 def test_numpy_backend_matches_float64_reference(tiny, fid):
     ref = reference_logits(tiny[fid], PROMPT)
-    with load(tiny[fid], backend="numpy", dtype="float64") as m:
+    with load(tiny[fid], backend="numpy", dtype="float64", kv_cache="f32") as m:  # unrounded
         got = m.logits(PROMPT)
     assert got.dtype == np.float64
     assert rel_err(got, ref) < 1e-9
@@ -399,10 +399,11 @@ def test_sampling_is_seeded_and_filters():
 
 def test_repetition_penalty_changes_choice(cpu_models):
     m = cpu_models["i2_s"]
-    plain = m.generate(PROMPT, max_new_tokens=16, stop_ids=[]).tokens
-    penal = m.generate(PROMPT, max_new_tokens=16, stop_ids=[], repetition_penalty=50.0).tokens
+    plain = m.generate(PROMPT, max_new_tokens=40, stop_ids=[]).tokens
+    penal = m.generate(PROMPT, max_new_tokens=40, stop_ids=[], repetition_penalty=50.0).tokens
+    assert len(set(plain)) < len(plain) or not set(plain).isdisjoint(PROMPT)  # it repeats
     assert len(set(penal)) == len(penal)  # nothing seen is ever picked again
-    assert set(penal).isdisjoint(PROMPT[-16:]) and plain != penal
+    assert set(penal).isdisjoint(PROMPT) and plain != penal
 
 
 def test_seeded_sampling_reproducible(cpu_models):
