@@ -79,40 +79,18 @@ class BitformatSide:
 
 
 class LlamaSide:
-    def __init__(self, model: str, threads: int, n_ctx: int):
-        from bench_decode import import_llama_cpp
+    """llama.cpp on the TQ2_0 copy (``bench_decode.LlamaRunner``, a context this long)."""
 
-        lib = import_llama_cpp()
-        self.lib = lib
-        self.llm = lib.Llama(model_path=model, n_threads=threads, n_threads_batch=threads,
-                             n_ctx=n_ctx, n_batch=512, verbose=False)
-        self.vocab = self.llm.n_vocab()
-        meta = self.llm.metadata
-        kv_dim = (int(meta["bitnet.embedding_length"]) // int(meta["bitnet.attention.head_count"])
-                  * int(meta["bitnet.attention.head_count_kv"]))
-        self.kv_per_pos = int(meta["bitnet.block_count"]) * 2 * kv_dim * 2  # f16 K and V
+    def __init__(self, model: str, threads: int, n_ctx: int):
+        from bench_decode import LlamaRunner
+
+        self.runner = LlamaRunner(model, threads, n_ctx)
+        self.vocab = self.runner.vocab
         self.run(prompt_ids(70, self.vocab), 4)
 
-    def _next(self) -> int:
-        import numpy as np
-
-        ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
-        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(self.vocab,))))
-
     def run(self, prompt: list[int], steps: int) -> dict:
-        llm = self.llm
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(prompt)
-        prefill = time.perf_counter() - t0
-        tok = self._next()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            llm.eval([tok])
-            tok = self._next()
-        decode = time.perf_counter() - t0
-        return {"prefill_tps": len(prompt) / prefill, "decode_tps": steps / decode,
-                "kv_bytes": (len(prompt) + steps - 1) * self.kv_per_pos}
+        r = self.runner.run(prompt, steps)
+        return {k: r[k] for k in ("prefill_tps", "decode_tps", "kv_bytes")}
 
 
 def worker(kind: str, model: str, steps: int, max_context: int, kv: str,

@@ -172,11 +172,11 @@ class BitformatRunner:
 
 
 class LlamaRunner:
-    def __init__(self, path: str, threads: int):
+    def __init__(self, path: str, threads: int, n_ctx: int = 256):
         llama_cpp = import_llama_cpp()
         self.lib = llama_cpp
         self.llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads,
-                                   n_ctx=256, n_batch=256, verbose=False)
+                                   n_ctx=n_ctx, n_batch=256, verbose=False)
         self.vocab = self.llm.n_vocab()
         self.weight_bytes = sum(t.nbytes for t in _tensors(path))
         # f16 K and V of every layer: n_layer * 2 * n_embd_kv * 2 bytes per position
