@@ -72,7 +72,6 @@ LABELS = {"ternary": "ternary mat-vecs", "lm_head": "LM head", "other": "norms, 
 #: wgpu profile kinds -> class (anything else is "other": embed, norm)
 GPU_CLASS = {"rans:gather": "ternary", "rans:finish": "ternary", "lm_head": "lm_head",
              "argmax": "lm_head", "rope": "attention", "attention": "attention"}
-F32 = 4
 
 
 @dataclass
@@ -168,14 +167,6 @@ def parse_formats(text: str | list[str] | tuple[str, ...]) -> list[str]:
         raise RequestError(f"unknown container {bad[0] if bad else '(none)'!r}; choose all or "
                            f"a comma list of {', '.join(FORMAT_IDS)}")
     return [f for f in FORMAT_IDS if f in items]
-
-
-def kv_bytes_per_position(args: Any, kv_cache: str = DEFAULT_KV_TYPE) -> int:
-    """K and V of every layer for one cached position (``kv_cache``: a
-    :data:`~bitformat.constants.KV_TYPES` type)."""
-    from .runtime.kvquant import row_bytes
-
-    return 2 * args.n_layers * args.n_kv_heads * row_bytes(kv_cache, args.head_dim)
 
 
 def class_bytes(model: Model, kv_bytes: int, decode: str = "") -> dict[str, int]:
@@ -408,7 +399,9 @@ def run_bench(path: str | os.PathLike, backend: str = "cpu",
         src_container = m.container if src.is_file() else None
         total = sum(e.nbytes for e in m.entries)
     prompt = [t % args.vocab_size for t in PROMPT_IDS]
-    kv_pos = kv_bytes_per_position(args, kv_cache if backend == "cpu" else "f32")
+    from .runtime.kvquant import position_bytes
+
+    kv_pos = position_bytes(args, kv_cache if backend == "cpu" else "f32")
     kv = kv_pos * (2 * len(prompt) + tokens + 3) // 2  # mean over the timed steps
     dev = None
     if backend == "wgpu":
@@ -565,5 +558,5 @@ def render_markdown(r: BenchResult) -> str:
     return "\n".join(rows)
 
 
-__all__ = ["BenchResult", "ContainerBench", "class_bytes", "kv_bytes_per_position",
+__all__ = ["BenchResult", "ContainerBench", "class_bytes",
            "parse_formats", "render", "render_markdown", "run_bench"]

@@ -78,13 +78,13 @@ def main() -> None:
     import numpy as np
     from bench_cold_start import cpu_name
 
-    from bitformat.bench import kv_bytes_per_position
     from bitformat.container import open_model
+    from bitformat.runtime.kvquant import position_bytes
     from bitformat.validate import model_args
 
     with open_model(a.model) as m:
         args = model_args(m)
-    per = kv_bytes_per_position(args, a.kv_cache)
+    per = position_bytes(args, a.kv_cache)
     rng = np.random.default_rng(3)
     lo = min(1000, args.vocab_size // 4)  # past the special tokens
     prompts = [[int(t) for t in rng.integers(lo, args.vocab_size - lo, a.hold - a.tokens)]

@@ -51,6 +51,12 @@ def row_bytes(kv_type: str, head_dim: int) -> int:
     return row_width(kv_type, head_dim) * np.dtype(storage_dtype(kv_type)).itemsize
 
 
+def position_bytes(args, kv_type: str) -> int:
+    """Bytes of K and V of every layer for one cached position (``args``: the model's
+    ``ModelArgs``)."""
+    return 2 * args.n_layers * args.n_kv_heads * row_bytes(kv_type, args.head_dim)
+
+
 def roundf(y: np.ndarray) -> np.ndarray:
     """C's ``roundf`` of float32 ``y``: to nearest, halves away from zero (``np.round`` rounds
     them to even). ``a - floor(a)`` is exact in float32, so the test sees the true fraction."""

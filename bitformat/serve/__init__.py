@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..bench import kv_bytes_per_position
 from ..constants import DEFAULT_KV_TYPE
 from ..errors import RequestError
 
@@ -66,7 +65,9 @@ def serve(path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8000,
     model = load(path, backend=backend, i2s_variant=i2s_variant, kv_cache=kv_cache, **kwargs)
     try:
         ctx = min(context or model.args.context_length, model.args.context_length)
-        per = kv_bytes_per_position(model.args, kv_cache)
+        from ..runtime.kvquant import position_bytes
+
+        per = position_bytes(model.args, kv_cache)
         pool = None if backend == "wgpu" else cache_pool(cache_memory, per, max_batch * ctx)
         engine = Engine(model.net, model.tokenizer, max_batch=max_batch, context=context,
                         max_queue=max_queue, cache_positions=pool).start()

@@ -43,9 +43,8 @@ from .ops import (
     _norm_row,
     _part,
     _quantize_row,
-    _rope,
     _rope_heads,
-    _row_put,
+    _store_kv,
 )
 from .team import SYNC_WIDTH, claim, finish, finish_run, serial, take_guided, wait_done
 
@@ -181,10 +180,8 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
         _matvec(buf, mats, layer, QKV, xg, sq, ws, y, sync, ph + 1, threads, least)
         kl, vl = kc[layer], vc[layer]
         if serial(sync, ph + 2):
-            for j in range(KV):  # rows of the cache's type (.ops._row_put)
-                _rope(y[(H + j) * d: (H + j + 1) * d], cos, sin, o[:d])
-                _row_put(kl[pos, j], o[:d])
-                _row_put(vl[pos, j], y[(H + KV + j) * d: (H + KV + j + 1) * d])
+            _store_kv(y[H * d:(H + KV) * d].reshape((KV, d)),
+                      y[(H + KV) * d:(H + 2 * KV) * d].reshape((KV, d)), cos, sin, kl, vl, pos)
             _rope_heads(y[:H * d].reshape((H, d)), cos, sin, qr)
             finish(sync, ph + 2)
         wait_done(sync, ph + 2, 1)
@@ -375,12 +372,11 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
         _amx_matvec(buf, mats, layer, QKV, q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
                     ph + 1, threads, abuf, cout, f)
         if serial(sync, ph + 3):
-            for t in range(T):  # rows of the caches' type (.ops._row_put)
+            for t in range(T):
                 kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, proto)
-                for j in range(KV):
-                    _rope(y[t, (H + j) * d: (H + j + 1) * d], cos[t], sin[t], x[:d])
-                    _row_put(kc[pos[t], j], x[:d])
-                    _row_put(vc[pos[t], j], y[t, (H + KV + j) * d: (H + KV + j + 1) * d])
+                _store_kv(y[t, H * d:(H + KV) * d].reshape((KV, d)),
+                          y[t, (H + KV) * d:(H + 2 * KV) * d].reshape((KV, d)), cos[t], sin[t],
+                          kc, vc, pos[t])
             finish(sync, ph + 3)
         wait_done(sync, ph + 3, 1)
         while True:  # a token's attention at a time

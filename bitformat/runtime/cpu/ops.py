@@ -165,7 +165,7 @@ def _f2h(typingctx, x):
 
 
 # -- cache rows by type (:mod:`..kvquant`): float32; float16 as uint16 bits; q8_0 int8 rows --
-QK8_0 = 32  # values per q8_0 block (kvquant.QK8_0)
+QK8_0 = kvquant.QK8_0  # values per q8_0 block
 
 
 @njit(inline="always", error_model="numpy")

@@ -130,7 +130,6 @@ class KVCache:
                  kv_type: str = "f32"):
         check_kv_type(kv_type)
         self.kv_type = kv_type
-        self.head_dim = args.head_dim
         self.store = dtype if kv_type == "f32" else storage_dtype(kv_type)
         self._shape = (args.n_layers, args.n_kv_heads, row_width(kv_type, args.head_dim))
         self.k = self.v = self._alloc(0)
