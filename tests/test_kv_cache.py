@@ -251,3 +251,27 @@ def test_generation_to_the_last_position_and_not_past_it(tiny_gguf, kind):
             with pytest.raises(RequestError, match="257 tokens, more than the context of 256"):
                 m.generate(prompt + prompt[:7], max_new_tokens=1)
     assert all(t == got["numpy"] for t in got.values()), got
+
+
+def test_chat_command_takes_the_cache_type(tiny_gguf):
+    """``chat --kv-cache q8_0``: the piped conversation's answers are those of a session on a
+    model loaded with a q8_0 cache (its caches are q8_0 rows)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bitformat.runtime.chat import ChatSession
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    lines = ["What is BitNet?", "More?"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bitformat.cli", "chat", str(tiny_gguf), "--backend", "numpy",
+         "-n", "8", "--kv-cache", "q8_0"], input="\n".join(lines) + "\n",
+        capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    with load(tiny_gguf, backend="numpy", kv_cache="q8_0") as m:
+        session = ChatSession(m, max_new_tokens=8)
+        want = ["".join(r.text for r in session.send(q)) for q in lines]
+        assert session.cache.k.dtype == np.int8
+    assert proc.stdout == "".join(a + "\n" for a in want)  # each answer, then a newline

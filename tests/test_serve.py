@@ -338,3 +338,17 @@ def test_cache_memory_pool_refuses_what_cannot_fit(tiny_gguf):
         proc.wait(30)
     r = CliRunner().invoke(main, ["serve", str(tiny_gguf), "--cache-memory", "lots"])
     assert r.exit_code != 0 and "is not a size" in r.output
+
+
+def test_kv_cache_type_reaches_the_pool(tiny_gguf):
+    """``--kv-cache q8_0``: 544 bytes a position on the tiny model (2 layers x K and V x 2 kv
+    heads x 68 bytes: 64 codes and two half scales), so 100 KiB hold 188 positions."""
+    proc, url = start(tiny_gguf, "--kv-cache", "q8_0", "--cache-memory", "100KiB", "--quiet")
+    try:
+        assert "KV cache q8_0: 188 positions" in proc.startup, proc.startup
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 5},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 5
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
