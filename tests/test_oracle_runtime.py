@@ -260,9 +260,10 @@ def hf32(tf_model):
 
 @pytest.fixture(scope="module")
 def ours(paths):
+    # transformers keeps its KV cache in float32; ours does too here, not the f16 default
     models = {}
     yield lambda fid, backend: models.setdefault(
-        (fid, backend), load(paths[fid], backend=backend))
+        (fid, backend), load(paths[fid], backend=backend, kv_cache="f32"))
     for m in models.values():
         m.close()
 
@@ -358,7 +359,7 @@ def test_float64_numpy_matches_transformers_float64(paths, tf_model):  # tf_mode
     prompts = PROMPTS
     runs = hf_runs(model, prompts, 0)
     assert runs[0].logits.dtype == np.float64 and runs[0].quant[0].s.dtype == np.float64
-    with load(paths["i2_s"], backend="numpy", dtype="float64") as lm:
+    with load(paths["i2_s"], backend="numpy", dtype="float64", kv_cache="f32") as lm:
         v = {i: judge(lm, p, run) for i, (p, run) in enumerate(zip(prompts, runs, strict=True))}
     bad = {i: (f"{x.err:.3g}", x.problems) for i, x in v.items() if x.problems}
     assert not bad, f"float64: real discrepancies {bad}; {describe(v)}"
