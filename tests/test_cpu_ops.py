@@ -115,6 +115,29 @@ def test_attend_one_matches_numpy(heads, kv, d, pos):
     assert np.abs(out - want).max() < 1e-5 * np.abs(want).max()
 
 
+@numba.njit
+def _exp_le0_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = ops._exp_le0(x[i])
+
+
+def test_softmax_exp_within_one_ulp():
+    """The attention softmax's own float32 exp (branch-free, so it runs in SIMD lanes) against
+    float64's exp, over the whole range a softmax meets (score - max <= 0), and 0 below the
+    smallest normal result."""
+    x = np.concatenate([-np.logspace(-9, 2, 100_000), np.linspace(-88.0, 0.0, 100_001),
+                        [0.0, -0.0, -1e-30, float(ops._EXP_MIN), -87.4, -1e4, -np.inf]])
+    x = x.astype(np.float32)
+    got = np.empty_like(x)
+    _exp_le0_all(x, got)
+    ok = x >= ops._EXP_MIN
+    want = np.exp(x[ok].astype(np.float64))
+    ulps = np.abs(got[ok] - want) / np.spacing(want.astype(np.float32)).astype(np.float64)
+    assert ulps.max() < 1.0, (x[ok][ulps.argmax()], ulps.max())
+    assert got[x == 0][0] == 1.0
+    np.testing.assert_array_equal(got[~ok], 0.0)
+
+
 @pytest.mark.parametrize("pos", [0, 63, 64, 255, 700, 1023])
 def test_attend_one_same_bits_on_any_threads(pos):
     """Attention past one run of positions, its runs' partials shared among threads and

@@ -342,6 +342,62 @@ def _part_mix(p, vc, c0, c1, part):
             _row_axpy(p[h, t - c0], vc[t, h // G], part, h, PART_V)
 
 
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """The float32 whose IEEE bits are the int32 ``bits``."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+#: below this exp(x) is no longer a normal float32 and :func:`_exp_le0` gives 0
+_EXP_MIN = np.float32(-87.33654)
+
+
+@njit(inline="always", error_model="numpy")
+def _exp_le0(x):
+    """exp(x) in float32 for x <= 0 (a softmax's ``score - max``), branch-free so a loop of
+    them runs in SIMD lanes (a call to libm's expf per score cost as much as the dot products
+    did): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact), Cephes'
+    degree-6 polynomial for exp(r), times 2^n made from its exponent bits. Within 2 ulp of
+    the true value (tests/test_cpu_ops.py); 0 below :data:`_EXP_MIN`."""
+    xc = max(x, _EXP_MIN)
+    n = np.floor(xc * np.float32(1.44269504088896341) + np.float32(0.5))
+    r = xc - n * np.float32(0.693359375)
+    r = r - n * np.float32(-2.12194440e-4)
+    y = np.float32(1.9875691500e-4)
+    y = y * r + np.float32(1.3981999507e-3)
+    y = y * r + np.float32(8.3334519073e-3)
+    y = y * r + np.float32(4.1665795894e-2)
+    y = y * r + np.float32(1.6666665459e-1)
+    y = y * r + np.float32(5.0000001201e-1)
+    y = y * (r * r) + r + np.float32(1.0)
+    e = _f32_from_bits(np.int32((np.int32(n) + np.int32(127)) * np.int32(1 << 23)))
+    return y * e if x >= _EXP_MIN else np.float32(0.0)
+
+
+@njit(cache=True, fastmath=_FAST, error_model="numpy")
+def _part_softmax(p, n, part):
+    """Row h of ``p[:, :n]`` (one run's scores) made its softmax in place; its largest score
+    and the sum of exp(score - largest) into ``part[h, PART_M]`` and ``part[h, PART_S]``."""
+    for h in range(p.shape[0]):
+        top = np.float32(-np.inf)  # float32: a float64 start made the whole loop float64
+        for t in range(n):
+            top = max(top, p[h, t])
+        total = np.float32(0.0)
+        for t in range(n):
+            e = _exp_le0(p[h, t] - top)
+            p[h, t] = e
+            total += e
+        for t in range(n):
+            p[h, t] = p[h, t] / total
+        part[h, PART_M] = top
+        part[h, PART_S] = total
+
+
 @njit(inline="always", error_model="numpy")
 def _part(qr, kc, vc, c0, c1, scale, part):
     """The partial attention of every query head (``qr`` [H, d], RoPE applied) over positions
@@ -353,18 +409,7 @@ def _part(qr, kc, vc, c0, c1, scale, part):
     H = qr.shape[0]
     p = np.empty((H, c1 - c0), np.float32)
     _part_scores(qr, kc, c0, c1, scale, p)
-    for h in range(H):
-        top = -np.inf
-        for t in range(c1 - c0):
-            top = max(top, p[h, t])
-        total = np.float32(0.0)
-        for t in range(c1 - c0):
-            p[h, t] = np.exp(p[h, t] - top)
-            total += p[h, t]
-        for t in range(c1 - c0):
-            p[h, t] = p[h, t] / total
-        part[h, PART_M] = top
-        part[h, PART_S] = total
+    _part_softmax(p, c1 - c0, part)
     _part_mix(p, vc, c0, c1, part)
 
 
