@@ -18,6 +18,7 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .. import kvquant
@@ -326,18 +327,109 @@ def _part_scores(qr, kc, c0, c1, scale, p):
             _group_dots(qr, j * G, (j + 1) * G, kc[t, j], scale, p, t - c0)
 
 
+_F32x8 = ir.VectorType(ir.FloatType(), 8)
+
+
+@intrinsic
+def _mix_4x2(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, n8):
+    """Four heads' value sums, two positions at once, in 8-lane vectors: for k < 4, r < 2 and
+    i < 8 n8, ``part.flat[po + k ps + i] += p.flat[wo + k ws + r] * value(vc.flat[vo + r vs +
+    i])`` as one fused multiply-add each, position r = 0 first (the order, and so the bits, of
+    one position at a time). ``vc`` float32, or float16 as uint16 bits; the output rows are
+    loaded and stored once per two positions. LLVM's vectorizer did not manage this shape
+    from a loop: four heads' output rows and two value rows are six pointers it cannot prove
+    apart, and it fell back to one lane at a time."""
+    half = vc.dtype == types.uint16
+    sig = types.void(part, types.intp, types.intp, vc, types.intp, types.intp, p, types.intp,
+                     types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        part_a, po, ps, vc_a, vo, vs, p_a, wo, ws, n8 = args
+        pptr = context.make_array(signature.args[0])(context, builder, part_a).data
+        vptr = context.make_array(signature.args[3])(context, builder, vc_a).data
+        wptr = context.make_array(signature.args[6])(context, builder, p_a).data
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            _F32x8, [_F32x8] * 3), "llvm.fma.v8f32")
+        i32 = ir.IntType(32)
+        zeros = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
+        undef = ir.Constant(_F32x8, ir.Undefined)
+
+        def splat(x):
+            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i32, 0)),
+                                          undef, zeros)
+
+        def k_off(base, stride, k):
+            return builder.add(base, builder.mul(stride, ir.Constant(stride.type, k)))
+
+        w = [[splat(builder.load(builder.gep(wptr, [builder.add(k_off(wo, ws, k),
+                                                                  ir.Constant(wo.type, r))])))
+              for r in range(2)] for k in range(4)]
+        vrow = ir.VectorType(ir.HalfType() if half else ir.FloatType(), 8)
+        with cgutils.for_range(builder, n8) as loop:
+            i = builder.mul(loop.index, ir.Constant(n8.type, 8))
+            vals = []
+            for r in range(2):
+                at = builder.gep(vptr, [builder.add(k_off(vo, vs, r), i)])
+                v = builder.load(builder.bitcast(at, vrow.as_pointer()), align=2 if half else 4)
+                vals.append(builder.fpext(v, _F32x8) if half else v)
+            for k in range(4):
+                at = builder.bitcast(builder.gep(pptr, [builder.add(k_off(po, ps, k), i)]),
+                                     _F32x8.as_pointer())
+                acc = builder.load(at, align=4)
+                for r in range(2):
+                    acc = builder.call(fma, [w[k][r], vals[r], acc])
+                builder.store(acc, at, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _mix_pairs(p, vc, c0, c1, part, j, h0, h1, t):
+    """Positions t and t + 1 of kv head j into the sums of query heads ``h0 .. h1 - 1``
+    (:func:`_mix_4x2` four heads at a time where it applies); returns the first head left."""
+
+
+@overload(_mix_pairs, inline="always")
+def _ol_mix_pairs(p, vc, c0, c1, part, j, h0, h1, t):
+    if vc.dtype == types.int8 or any(a.layout != "C" for a in (p, vc, part)):
+        # q8_0 blocks, or arrays not known to be contiguous: one head and position at a time
+        return lambda p, vc, c0, c1, part, j, h0, h1, t: h0
+
+    def impl(p, vc, c0, c1, part, j, h0, h1, t):
+        d = part.shape[1] - PART_V
+        if d % 8:
+            return h0
+        KV, W = vc.shape[1], vc.shape[2]
+        h = h0
+        while h + 4 <= h1:  # offsets into the C-contiguous arrays
+            _mix_4x2(part, h * part.shape[1] + PART_V, part.shape[1], vc, (t * KV + j) * W,
+                     KV * W, p, h * p.shape[1] + t - c0, p.shape[1], d // 8)
+            h += 4
+        return h
+    return impl
+
+
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
 def _part_mix(p, vc, c0, c1, part):
-    """``part[h, PART_V:] = sum_t p[h, t - c0] * vc[t, h // G]``, the values read in order
-    (a value row stays in L1 for the G heads that read it; converting it once for all of
-    them, or keeping four heads' sums at once, measured no faster)."""
+    """``part[h, PART_V:] = sum_t p[h, t - c0] * vc[t, h // G]``, the values read in order:
+    two positions at a time for four heads of a kv head in SIMD lanes (:func:`_mix_pairs`),
+    what is left one head and position at a time (the same sums in the same order)."""
     H = part.shape[0]
     d = part.shape[1] - PART_V
-    G = H // vc.shape[1]
+    KV = vc.shape[1]
+    G = H // KV
     for h in range(H):
         for i in range(d):
             part[h, PART_V + i] = 0.0
-    for t in range(c0, c1):
+    t = c0
+    while t + 2 <= c1:
+        for j in range(KV):
+            h = _mix_pairs(p, vc, c0, c1, part, j, j * G, (j + 1) * G, t)
+            for u in range(t, t + 2):
+                for g in range(h, (j + 1) * G):
+                    _row_axpy(p[g, u - c0], vc[u, j], part, g, PART_V)
+        t += 2
+    if t < c1:
         for h in range(H):
             _row_axpy(p[h, t - c0], vc[t, h // G], part, h, PART_V)
 
