@@ -79,12 +79,20 @@ def test_q8_0_rounds_halves_away_from_zero_and_takes_partial_blocks():
     assert kvquant.dequantize_q8_0(row, 7)[0, 0] == 127.0
 
 
+# heads, kv heads, head size, positions: 96 is three q8_0 blocks and 70 positions two runs of
+# attention; 4 query heads a kv head (2B-4T's 20 and 5) take the vector kernels, four heads
+# and two positions at a time, and 71 positions leave one over; 6 a kv head leave two heads
+# to the one-at-a-time path; a head size of 20 (not a multiple of 8) takes it alone
+SHAPES = [(4, 2, 96, 70), (20, 5, 128, 71), (6, 1, 24, 67), (8, 2, 20, 9)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kind", TYPES)
-def test_cpu_kernels_store_the_rows_numpy_stores(kind):
+def test_cpu_kernels_store_the_rows_numpy_stores(kind, shape):
     """``attend_one`` writes each key and value row with the bits kvquant writes (float16
     rounding, q8_0 codes and scales), and reads them back as kvquant does."""
     rng = np.random.default_rng(2)
-    H, KV, d, n = 4, 2, 96, 70  # 96: three q8_0 blocks; 70 positions: two runs of attention
+    H, KV, d, n = shape
     width = kvquant.row_width(kind, d)
     dtype = kvquant.storage_dtype(kind)
     kc, vc = np.zeros((n, KV, width), dtype), np.zeros((n, KV, width), dtype)

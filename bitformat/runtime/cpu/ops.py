@@ -322,12 +322,33 @@ def _fma8(builder):
         _F32x8, [_F32x8] * 3), "llvm.fma.v8f32")
 
 
-def _load8(builder, base, at, half):
-    """Eight cache values at element ``at`` of ``base`` as float32 lanes (float16: widened,
-    exactly)."""
+def _cache_kind(dtype) -> str:
+    """A cache array's type as the vector kernels read it (:func:`kernel_cache`)."""
+    return {types.uint16: "f16", types.int8: "q8_0"}.get(dtype, "f32")
+
+
+def _load8(builder, base, row, i, kind, d):
+    """Values ``i .. i + 7`` of the cache row at element ``row`` of ``base`` as float32 lanes:
+    float32 as stored, float16 widened (exact), q8_0 each code times its block's half scale
+    (the row's codes, then its scales: :mod:`..kvquant`; eight values never straddle a block
+    of 32)."""
+    at = builder.gep(base, [builder.add(row, i)])
+    if kind == "q8_0":
+        codes = builder.load(builder.bitcast(at, ir.VectorType(ir.IntType(8), 8).as_pointer()),
+                             align=1)
+        blk = builder.mul(builder.ashr(i, ir.Constant(i.type, 5)), ir.Constant(i.type, 2))
+        sat = builder.gep(base, [builder.add(builder.add(row, d), blk)])
+        half = builder.bitcast(builder.load(builder.bitcast(sat, ir.IntType(16).as_pointer()),
+                                            align=1), ir.HalfType())
+        sc = builder.fpext(half, ir.FloatType())
+        i32 = ir.IntType(32)
+        undef = ir.Constant(_F32x8, ir.Undefined)
+        scv = builder.shuffle_vector(builder.insert_element(undef, sc, ir.Constant(i32, 0)),
+                                     undef, ir.Constant(ir.VectorType(i32, 8), [0] * 8))
+        return builder.fmul(builder.sitofp(codes, _F32x8), scv)
+    half = kind == "f16"
     vrow = ir.VectorType(ir.HalfType() if half else ir.FloatType(), 8)
-    v = builder.load(builder.bitcast(builder.gep(base, [at]), vrow.as_pointer()),
-                     align=2 if half else 4)
+    v = builder.load(builder.bitcast(at, vrow.as_pointer()), align=2 if half else 4)
     return builder.fpext(v, _F32x8) if half else v
 
 
@@ -356,8 +377,8 @@ def _dots_4x2(typingctx, qr, qo, qs, kc, ko, ks, n8):
     ``sum_i qr.flat[qo + k qs + i] * value(kc.flat[ko + r ks + i])`` over i < 8 n8, each in
     8 lanes of fused multiply-adds, the lanes then added in a fixed tree. Eight independent
     sums keep both FMA units busy where four (one key at a time) waited on each other's
-    latency. ``kc`` float32, or float16 as uint16 bits."""
-    half = kc.dtype == types.uint16
+    latency. ``kc`` float32, float16 as uint16 bits, or q8_0 int8 rows."""
+    kind = _cache_kind(kc.dtype)
     sig = types.UniTuple(types.float32, 8)(qr, types.intp, types.intp, kc, types.intp,
                                            types.intp, types.intp)
 
@@ -368,15 +389,16 @@ def _dots_4x2(typingctx, qr, qo, qs, kc, ko, ks, n8):
         fma = _fma8(builder)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8))
                 for _ in range(8)]
+        d = builder.mul(n8, ir.Constant(n8.type, 8))
         with cgutils.for_range(builder, n8) as loop:
             i = builder.mul(loop.index, ir.Constant(n8.type, 8))
-            keys = [_load8(builder, kptr, builder.add(_k_off(builder, ko, ks, r), i), half)
+            keys = [_load8(builder, kptr, _k_off(builder, ko, ks, r), i, kind, d)
                     for r in range(2)]
             for r in range(2):
                 ahead = _k_off(builder, ko, ks, ATTN_PREFETCH + r)
                 _prefetch_row(builder, kptr, builder.add(ahead, i))
             for k in range(4):
-                qv = _load8(builder, qptr, builder.add(_k_off(builder, qo, qs, k), i), False)
+                qv = _load8(builder, qptr, _k_off(builder, qo, qs, k), i, "f32", d)
                 for r in range(2):
                     acc = accs[k * 2 + r]
                     builder.store(builder.call(fma, [qv, keys[r], builder.load(acc)]), acc)
@@ -403,8 +425,7 @@ def _score_pairs(qr, kc, c0, scale, p, j, h0, h1, t):
 
 @overload(_score_pairs, inline="always")
 def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t):
-    if kc.dtype == types.int8 or any(a.layout != "C" for a in (qr, kc)):
-        # q8_0 blocks, or arrays not known to be contiguous: :func:`_group_dots`
+    if any(a.layout != "C" for a in (qr, kc)):  # not known to be contiguous: _group_dots
         return lambda qr, kc, c0, scale, p, j, h0, h1, t: h0
 
     def impl(qr, kc, c0, scale, p, j, h0, h1, t):
@@ -450,11 +471,12 @@ def _mix_4x2(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, n8):
     """Four heads' value sums, two positions at once, in 8-lane vectors: for k < 4, r < 2 and
     i < 8 n8, ``part.flat[po + k ps + i] += p.flat[wo + k ws + r] * value(vc.flat[vo + r vs +
     i])`` as one fused multiply-add each, position r = 0 first (the order, and so the bits, of
-    one position at a time). ``vc`` float32, or float16 as uint16 bits; the output rows are
+    one position at a time). ``vc`` float32, float16 as uint16 bits or q8_0 int8 rows; the
+    output rows are
     loaded and stored once per two positions. LLVM's vectorizer did not manage this shape
     from a loop: four heads' output rows and two value rows are six pointers it cannot prove
     apart, and it fell back to one lane at a time."""
-    half = vc.dtype == types.uint16
+    kind = _cache_kind(vc.dtype)
     sig = types.void(part, types.intp, types.intp, vc, types.intp, types.intp, p, types.intp,
                      types.intp, types.intp)
 
@@ -478,10 +500,10 @@ def _mix_4x2(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, n8):
         w = [[splat(builder.load(builder.gep(wptr, [builder.add(k_off(wo, ws, k),
                                                                   ir.Constant(wo.type, r))])))
               for r in range(2)] for k in range(4)]
+        d = builder.mul(n8, ir.Constant(n8.type, 8))
         with cgutils.for_range(builder, n8) as loop:
             i = builder.mul(loop.index, ir.Constant(n8.type, 8))
-            vals = [_load8(builder, vptr, builder.add(k_off(vo, vs, r), i), half)
-                    for r in range(2)]
+            vals = [_load8(builder, vptr, k_off(vo, vs, r), i, kind, d) for r in range(2)]
             for r in range(2):
                 _prefetch_row(builder, vptr, builder.add(k_off(vo, vs, ATTN_PREFETCH + r), i))
             for k in range(4):
@@ -503,8 +525,8 @@ def _mix_pairs(p, vc, c0, c1, part, j, h0, h1, t):
 
 @overload(_mix_pairs, inline="always")
 def _ol_mix_pairs(p, vc, c0, c1, part, j, h0, h1, t):
-    if vc.dtype == types.int8 or any(a.layout != "C" for a in (p, vc, part)):
-        # q8_0 blocks, or arrays not known to be contiguous: one head and position at a time
+    if any(a.layout != "C" for a in (p, vc, part)):
+        # arrays not known to be contiguous: one head and position at a time
         return lambda p, vc, c0, c1, part, j, h0, h1, t: h0
 
     def impl(p, vc, c0, c1, part, j, h0, h1, t):
