@@ -470,12 +470,12 @@ def _part_scores(qr, kc, c0, c1, scale, p):
 def _mix_4x2(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, n8):
     """Four heads' value sums, two positions at once, in 8-lane vectors: for k < 4, r < 2 and
     i < 8 n8, ``part.flat[po + k ps + i] += p.flat[wo + k ws + r] * value(vc.flat[vo + r vs +
-    i])`` as one fused multiply-add each, position r = 0 first (the order, and so the bits, of
-    one position at a time). ``vc`` float32, float16 as uint16 bits or q8_0 int8 rows; the
-    output rows are
-    loaded and stored once per two positions. LLVM's vectorizer did not manage this shape
-    from a loop: four heads' output rows and two value rows are six pointers it cannot prove
-    apart, and it fell back to one lane at a time."""
+    i])`` as one fused multiply-add each, position r = 0 first (for float32 and float16
+    caches the order, and so the bits, of one position at a time). ``vc`` float32, float16 as
+    uint16 bits or q8_0 int8 rows; the output rows are loaded and stored once per two
+    positions. LLVM's vectorizer did not manage this shape from a loop: four heads' output
+    rows and two value rows are six pointers it cannot prove apart, and it fell back to one
+    lane at a time."""
     kind = _cache_kind(vc.dtype)
     sig = types.void(part, types.intp, types.intp, vc, types.intp, types.intp, p, types.intp,
                      types.intp, types.intp)
@@ -547,7 +547,7 @@ def _ol_mix_pairs(p, vc, c0, c1, part, j, h0, h1, t):
 def _part_mix(p, vc, c0, c1, part):
     """``part[h, PART_V:] = sum_t p[h, t - c0] * vc[t, h // G]``, the values read in order:
     two positions at a time for four heads of a kv head in SIMD lanes (:func:`_mix_pairs`),
-    what is left one head and position at a time (the same sums in the same order)."""
+    what is left one head and position at a time (each head's sum in position order)."""
     H = part.shape[0]
     d = part.shape[1] - PART_V
     KV = vc.shape[1]
@@ -588,7 +588,7 @@ def _exp_le0(x):
     """exp(x) in float32 for x <= 0 (a softmax's ``score - max``), branch-free so a loop of
     them runs in SIMD lanes (a call to libm's expf per score cost as much as the dot products
     did): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact), Cephes'
-    degree-6 polynomial for exp(r), times 2^n made from its exponent bits. Within 2 ulp of
+    degree-6 polynomial for exp(r), times 2^n made from its exponent bits. Within 1 ulp of
     the true value (tests/test_cpu_ops.py); 0 below :data:`_EXP_MIN`."""
     xc = max(x, _EXP_MIN)
     n = np.floor(xc * np.float32(1.44269504088896341) + np.float32(0.5))
