@@ -143,9 +143,13 @@ L1, L2 = 3, 2
 
 
 def _prefetch(builder, base, offset, locality=L1):
-    """Hint the line at ``base + offset`` into the caches (llvm.prefetch: read, keep)."""
+    """Hint the line at element ``offset`` of ``base`` (a pointer to any element type) into
+    the caches (llvm.prefetch: read, keep)."""
     i32 = ir.IntType(32)
+    i8p = ir.IntType(8).as_pointer()
     ptr = builder.gep(base, [offset])
+    if ptr.type != i8p:
+        ptr = builder.bitcast(ptr, i8p)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
         ir.VoidType(), [ptr.type, i32, i32, i32]), "llvm.prefetch")
     builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, locality),

@@ -22,6 +22,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .. import kvquant
+from .kernels import _prefetch
 
 
 @njit(cache=True, error_model="numpy")
@@ -322,6 +323,14 @@ def _fma8(builder):
         _F32x8, [_F32x8] * 3), "llvm.fma.v8f32")
 
 
+def _splat8(builder, x):
+    """float32 ``x`` in all 8 lanes."""
+    i32 = ir.IntType(32)
+    undef = ir.Constant(_F32x8, ir.Undefined)
+    return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i32, 0)), undef,
+                                  ir.Constant(ir.VectorType(i32, 8), [0] * 8))
+
+
 def _cache_kind(dtype) -> str:
     """A cache array's type as the vector kernels read it (:func:`kernel_cache`)."""
     return {types.uint16: "f16", types.int8: "q8_0"}.get(dtype, "f32")
@@ -340,12 +349,8 @@ def _load8(builder, base, row, i, kind, d):
         sat = builder.gep(base, [builder.add(builder.add(row, d), blk)])
         half = builder.bitcast(builder.load(builder.bitcast(sat, ir.IntType(16).as_pointer()),
                                             align=1), ir.HalfType())
-        sc = builder.fpext(half, ir.FloatType())
-        i32 = ir.IntType(32)
-        undef = ir.Constant(_F32x8, ir.Undefined)
-        scv = builder.shuffle_vector(builder.insert_element(undef, sc, ir.Constant(i32, 0)),
-                                     undef, ir.Constant(ir.VectorType(i32, 8), [0] * 8))
-        return builder.fmul(builder.sitofp(codes, _F32x8), scv)
+        scale = _splat8(builder, builder.fpext(half, ir.FloatType()))
+        return builder.fmul(builder.sitofp(codes, _F32x8), scale)
     half = kind == "f16"
     vrow = ir.VectorType(ir.HalfType() if half else ir.FloatType(), 8)
     v = builder.load(builder.bitcast(at, vrow.as_pointer()), align=2 if half else 4)
@@ -356,15 +361,6 @@ def _load8(builder, base, row, i, kind, d):
 #: cache's end it reads nothing). 3,072 f16 positions of 2B-4T, one thread, AMD EPYC: scores
 #: and value mix 1.4x and 2.0x faster with it; 4 and 16 positions ahead measured the same.
 ATTN_PREFETCH = 8
-
-
-def _prefetch_row(builder, base, at):
-    """Hint the cache line at element ``at`` of ``base`` into L1 (llvm.prefetch)."""
-    i32 = ir.IntType(32)
-    ptr = builder.bitcast(builder.gep(base, [at]), ir.IntType(8).as_pointer())
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-        ir.VoidType(), [ptr.type, i32, i32, i32]), "llvm.prefetch.p0i8")
-    builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
 def _k_off(builder, base, stride, k):
@@ -396,7 +392,7 @@ def _dots_4x2(typingctx, qr, qo, qs, kc, ko, ks, n8):
                     for r in range(2)]
             for r in range(2):
                 ahead = _k_off(builder, ko, ks, ATTN_PREFETCH + r)
-                _prefetch_row(builder, kptr, builder.add(ahead, i))
+                _prefetch(builder, kptr, builder.add(ahead, i))
             for k in range(4):
                 qv = _load8(builder, qptr, _k_off(builder, qo, qs, k), i, "f32", d)
                 for r in range(2):
@@ -486,28 +482,20 @@ def _mix_4x2(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, n8):
         vptr = context.make_array(signature.args[3])(context, builder, vc_a).data
         wptr = context.make_array(signature.args[6])(context, builder, p_a).data
         fma = _fma8(builder)
-        i32 = ir.IntType(32)
-        zeros = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
-        undef = ir.Constant(_F32x8, ir.Undefined)
-
-        def splat(x):
-            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i32, 0)),
-                                          undef, zeros)
-
-        def k_off(base, stride, k):
-            return _k_off(builder, base, stride, k)
-
-        w = [[splat(builder.load(builder.gep(wptr, [builder.add(k_off(wo, ws, k),
-                                                                  ir.Constant(wo.type, r))])))
-              for r in range(2)] for k in range(4)]
+        w = [[_splat8(builder, builder.load(builder.gep(wptr, [builder.add(
+            _k_off(builder, wo, ws, k), ir.Constant(wo.type, r))]))) for r in range(2)]
+             for k in range(4)]
         d = builder.mul(n8, ir.Constant(n8.type, 8))
         with cgutils.for_range(builder, n8) as loop:
             i = builder.mul(loop.index, ir.Constant(n8.type, 8))
-            vals = [_load8(builder, vptr, k_off(vo, vs, r), i, kind, d) for r in range(2)]
+            vals = [_load8(builder, vptr, _k_off(builder, vo, vs, r), i, kind, d)
+                    for r in range(2)]
             for r in range(2):
-                _prefetch_row(builder, vptr, builder.add(k_off(vo, vs, ATTN_PREFETCH + r), i))
+                ahead = _k_off(builder, vo, vs, ATTN_PREFETCH + r)
+                _prefetch(builder, vptr, builder.add(ahead, i))
             for k in range(4):
-                at = builder.bitcast(builder.gep(pptr, [builder.add(k_off(po, ps, k), i)]),
+                row = _k_off(builder, po, ps, k)
+                at = builder.bitcast(builder.gep(pptr, [builder.add(row, i)]),
                                      _F32x8.as_pointer())
                 acc = builder.load(at, align=4)
                 for r in range(2):
@@ -518,18 +506,18 @@ def _mix_4x2(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, n8):
     return sig, codegen
 
 
-def _mix_pairs(p, vc, c0, c1, part, j, h0, h1, t):
+def _mix_pairs(p, vc, c0, part, j, h0, h1, t):
     """Positions t and t + 1 of kv head j into the sums of query heads ``h0 .. h1 - 1``
     (:func:`_mix_4x2` four heads at a time where it applies); returns the first head left."""
 
 
 @overload(_mix_pairs, inline="always")
-def _ol_mix_pairs(p, vc, c0, c1, part, j, h0, h1, t):
+def _ol_mix_pairs(p, vc, c0, part, j, h0, h1, t):
     if any(a.layout != "C" for a in (p, vc, part)):
         # arrays not known to be contiguous: one head and position at a time
-        return lambda p, vc, c0, c1, part, j, h0, h1, t: h0
+        return lambda p, vc, c0, part, j, h0, h1, t: h0
 
-    def impl(p, vc, c0, c1, part, j, h0, h1, t):
+    def impl(p, vc, c0, part, j, h0, h1, t):
         d = part.shape[1] - PART_V
         if d % 8:
             return h0
@@ -558,7 +546,7 @@ def _part_mix(p, vc, c0, c1, part):
     t = c0
     while t + 2 <= c1:
         for j in range(KV):
-            h = _mix_pairs(p, vc, c0, c1, part, j, j * G, (j + 1) * G, t)
+            h = _mix_pairs(p, vc, c0, part, j, j * G, (j + 1) * G, t)
             for u in range(t, t + 2):
                 for g in range(h, (j + 1) * G):
                     _row_axpy(p[g, u - c0], vc[u, j], part, g, PART_V)
