@@ -367,6 +367,18 @@ def _k_off(builder, base, stride, k):
     return builder.add(base, builder.mul(stride, ir.Constant(stride.type, k)))
 
 
+def _two_rows8(builder, base, row, stride, i, kind, d):
+    """Values ``i .. i + 7`` of the cache rows at elements ``row`` and ``row + stride`` (two
+    consecutive positions) as float32 lanes (:func:`_load8`); the same values of the rows
+    :data:`ATTN_PREFETCH` positions on are prefetched."""
+    out = []
+    for r in range(2):
+        out.append(_load8(builder, base, _k_off(builder, row, stride, r), i, kind, d))
+        ahead = _k_off(builder, row, stride, ATTN_PREFETCH + r)
+        _prefetch(builder, base, builder.add(ahead, i))
+    return out
+
+
 @intrinsic
 def _dots_4x2(typingctx, qr, qo, qs, kc, ko, ks, n8):
     """The eight dot products of four query heads with two cached keys: sum ``k * 2 + r`` is
@@ -388,11 +400,7 @@ def _dots_4x2(typingctx, qr, qo, qs, kc, ko, ks, n8):
         d = builder.mul(n8, ir.Constant(n8.type, 8))
         with cgutils.for_range(builder, n8) as loop:
             i = builder.mul(loop.index, ir.Constant(n8.type, 8))
-            keys = [_load8(builder, kptr, _k_off(builder, ko, ks, r), i, kind, d)
-                    for r in range(2)]
-            for r in range(2):
-                ahead = _k_off(builder, ko, ks, ATTN_PREFETCH + r)
-                _prefetch(builder, kptr, builder.add(ahead, i))
+            keys = _two_rows8(builder, kptr, ko, ks, i, kind, d)
             for k in range(4):
                 qv = _load8(builder, qptr, _k_off(builder, qo, qs, k), i, "f32", d)
                 for r in range(2):
@@ -488,11 +496,7 @@ def _mix_4x2(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, n8):
         d = builder.mul(n8, ir.Constant(n8.type, 8))
         with cgutils.for_range(builder, n8) as loop:
             i = builder.mul(loop.index, ir.Constant(n8.type, 8))
-            vals = [_load8(builder, vptr, _k_off(builder, vo, vs, r), i, kind, d)
-                    for r in range(2)]
-            for r in range(2):
-                ahead = _k_off(builder, vo, vs, ATTN_PREFETCH + r)
-                _prefetch(builder, vptr, builder.add(ahead, i))
+            vals = _two_rows8(builder, vptr, vo, vs, i, kind, d)
             for k in range(4):
                 row = _k_off(builder, po, ps, k)
                 at = builder.bitcast(builder.gep(pptr, [builder.add(row, i)]),
