@@ -225,3 +225,27 @@ def test_waiting_for_the_helpers_layers_does_not_wait_for_the_rest():
     assert time.monotonic() - t0 < 5 and silent.poll() is None
     silent.kill()
     silent.wait()
+
+
+def test_steps_run_op_by_op_until_the_one_call_step_is_compiled(tiny_gguf):
+    """A first run on an empty kernel cache generates op by op while the helper compiles the
+    one-call step (``step_compiled``), switches to it once the helper says so, and gives the
+    tokens a run with the one-call step from the start gives (the same arithmetic)."""
+    from bitformat.runtime import load
+    from bitformat.runtime.cpu.kernels import kernel_mode
+
+    with load(tiny_gguf, backend="cpu") as m:
+        want = m.generate([1, 2, 3], 12, temperature=0).tokens
+        has_plan = m.net._plan not in (False, None)
+    assert has_plan == (kernel_mode() == "vnni")  # where the one-call step exists at all
+    with load(tiny_gguf, backend="cpu") as m:
+        ready = [False]
+        asked = []
+        m.backend.step_compiled = lambda: asked.append(1) or ready[0]
+        first = m.generate([1, 2, 3], 12, temperature=0).tokens
+        assert m.net._plan is False and len(asked) >= 11  # asked each step, never planned
+        ready[0] = True
+        again = m.generate([1, 2, 3], 12, temperature=0).tokens
+        assert m.backend.step_compiled is None  # asked once more, then never again
+        assert (m.net._plan not in (False, None)) == has_plan
+    assert first == want and again == want

@@ -185,6 +185,9 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
                     if helper is None:
                         model.warmup()
                     else:  # the screened head here, the layers there
+                        # steps op by op until the helper ends (it compiles the one-call step
+                        # and the long-context attention after the layers)
+                        model.backend.step_compiled = lambda p=helper: p.poll() is not None
                         model.prepare_head()
                         wait_for_layers(helper)
                         # on an empty cache the helper compiled the layers; it compiles the

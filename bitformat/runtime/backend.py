@@ -316,6 +316,21 @@ class Backend(ABC):
     #: ``warm_attention(kv_type)``: compile the attention kernels ahead of a long prompt
     warm_attention: Callable[[str], None] | None = None
 
+    #: While set, decode steps run op by op and the one-call step (:meth:`decode_plan`) waits
+    #: until this returns True. A first run on an empty kernel cache sets it: a second process
+    #: compiles the one-call step while this one already generates
+    #: (:func:`.warmup.start_helper`).
+    step_compiled: Callable[[], bool] | None = None
+
+    def plan_ready(self) -> bool:
+        """Whether a model may ask :meth:`decode_plan` now (see :attr:`step_compiled`)."""
+        if self.step_compiled is None:
+            return True
+        if not self.step_compiled():
+            return False
+        self.step_compiled = None
+        return True
+
     def decode_plan(self, net: Any) -> Any | None:
         """The family's graph lowered onto a one-call decode step (``decode_row`` /
         ``decode_rows`` then run it), or None: the step runs op by op."""

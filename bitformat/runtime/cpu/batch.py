@@ -32,9 +32,8 @@ from .head import _bf16_bits, _f16_bits
 from .kernels import (
     KIND_I2S,
     PREFETCH,
-    _dot2_portable,
+    _chunk_loop,
     _dot2_vnni,
-    _load64,
     _prefetch,
     _vnni_functions,
 )
@@ -50,7 +49,8 @@ _I8x64 = ir.VectorType(ir.IntType(8), 64)
 def _make_dot_tokens(shifts: tuple[int, ...], nrows: int, ntok: int):
     """Intrinsic ``dot(W, w_off, w_stride, xg, x_off, x_stride, t_stride, n)`` -> ``nrows *
     ntok`` int32 (row-major): rows ``w_off + k * w_stride`` against tokens whose slot g of
-    chunk i is ``xg[x_off + t * t_stride + g * x_stride + 64 i : +64]``, over n chunks."""
+    chunk i is ``xg[x_off + t * t_stride + g * x_stride + 64 i : +64]``, over rows of n bytes
+    (the last chunk partial where it must be: :func:`.kernels._chunk_loop`)."""
 
     @intrinsic
     def dot(typingctx, w, w_off, w_stride, xg, x_off, x_stride, t_stride, n):
@@ -69,13 +69,13 @@ def _make_dot_tokens(shifts: tuple[int, ...], nrows: int, ntok: int):
             def c(v):
                 return ir.Constant(n.type, v)
 
-            with cgutils.for_range(builder, n) as loop:
-                i64 = builder.mul(loop.index, c(64))
+            def chunk(i64, load, prefetch):
                 codes = []  # [row][slot], u8 codes as <16 x i32> for vpdpbusd
                 for k in range(nrows):
                     woff = builder.add(builder.add(w_off, builder.mul(w_stride, c(k))), i64)
-                    wv = _load64(builder, wptr, woff)
-                    _prefetch(builder, wptr, builder.add(woff, c(PREFETCH)))
+                    wv = load(wptr, woff)
+                    if prefetch:
+                        _prefetch(builder, wptr, builder.add(woff, c(PREFETCH)))
                     row = []
                     for s in shifts:
                         v = wv
@@ -88,12 +88,14 @@ def _make_dot_tokens(shifts: tuple[int, ...], nrows: int, ntok: int):
                 for t in range(ntok):
                     base = builder.add(builder.add(x_off, builder.mul(t_stride, c(t))), i64)
                     for g in range(len(shifts)):
-                        xv = builder.bitcast(_load64(builder, xptr, builder.add(
+                        xv = builder.bitcast(load(xptr, builder.add(
                             base, builder.mul(x_stride, c(g)))), _I32x16)
                         for k in range(nrows):
                             acc = accs[k * ntok + t]
                             builder.store(builder.call(vp, [builder.load(acc), codes[k][g],
                                                             xv]), acc)
+
+            _chunk_loop(builder, n, chunk)
             out = [builder.call(red, [builder.load(a)]) for a in accs]
             return context.make_tuple(builder, signature.return_type, out)
 
@@ -111,7 +113,7 @@ _dot8, _dot4, _dot2, _dot1 = (_make_dot_tokens((0, 2, 4, 6), 2, t) for t in GROU
 def _pair(W, r, XG, t0, nt, kind, d):
     """int32 dots of rows r, r+1 with tokens t0.. (nt of them, a GROUPS size) into d[2, 8]."""
     bpr = W.shape[1]
-    ts, n, w0 = 4 * bpr, bpr // 64, r * bpr
+    ts, n, w0 = 4 * bpr, bpr, r * bpr
     x0, xs = (t0 * ts + 3 * bpr, -bpr) if kind == KIND_I2S else (t0 * ts, bpr)
     if nt == 8:
         v8 = _dot8(W, w0, bpr, XG, x0, xs, ts, n)
@@ -134,9 +136,8 @@ def _pair(W, r, XG, t0, nt, kind, d):
 def mm2_vnni_tokens(W, XG, corr, s, ws, kind, out):
     """:func:`.kernels.mm2_vnni` for 2..8 tokens (KIND_I2S, KIND_LOW): two rows at a time, the
     tokens in passes of 8, 4, 2 and 1 (module docstring). Same results to the bit."""
-    rows, bpr = W.shape
+    rows = W.shape[0]
     T = out.shape[0]
-    done = bpr // 64 * 64
     for p in prange(rows // 2):
         r = 2 * p
         d = np.empty((2, 8), np.int32)
@@ -147,10 +148,7 @@ def mm2_vnni_tokens(W, XG, corr, s, ws, kind, out):
             for k in range(2):
                 for j in range(nt):
                     t = t0 + j
-                    dk = d[k, j]
-                    if done < bpr:
-                        dk += _dot2_portable(W[r + k], done, XG[t], done, bpr - done, kind)
-                    out[t, r + k] = np.float32(dk - corr[t]) * ws[r + k] / s[t]
+                    out[t, r + k] = np.float32(d[k, j] - corr[t]) * ws[r + k] / s[t]
             t0 += nt
     if rows % 2:
         r = rows - 1

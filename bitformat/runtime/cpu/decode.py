@@ -53,6 +53,8 @@ from .team import SYNC_WIDTH, claim, finish, finish_run, serial, take_guided, wa
 OFF, ROWS, BPR, WS, KIND = range(5)
 #: the four matrices of a layer, in the order a step reads them
 QKV, OUT, GATE_UP, DOWN = range(4)
+# (A step passes them to its mat-vec as ``np.intp(QKV)`` and so on: a bare global is typed as
+# a literal, and numba compiled the mat-vec once per matrix, four times 1.6 s on a first run.)
 
 
 @njit(cache=True, error_model="numpy")
@@ -177,7 +179,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          sq)
             finish(sync, ph)
         wait_done(sync, ph, 1)
-        _matvec(buf, mats, layer, QKV, xg, sq, ws, y, sync, ph + 1, threads, least)
+        _matvec(buf, mats, layer, np.intp(QKV), xg, sq, ws, y, sync, ph + 1, threads, least)
         kl, vl = kc[layer], vc[layer]
         if serial(sync, ph + 2):
             _store_kv(y[H * d:(H + KV) * d].reshape((KV, d)),
@@ -198,7 +200,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          sq)
             finish(sync, ph + 4)
         wait_done(sync, ph + 4, 1)
-        _matvec(buf, mats, layer, OUT, xg, sq, ws, y, sync, ph + 5, threads, least)
+        _matvec(buf, mats, layer, np.intp(OUT), xg, sq, ws, y, sync, ph + 5, threads, least)
         # FFN
         if serial(sync, ph + 6):
             for j in range(dim):
@@ -207,7 +209,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          lane, sq)
             finish(sync, ph + 6)
         wait_done(sync, ph + 6, 1)
-        _matvec(buf, mats, layer, GATE_UP, xg, sq, ws, gu, sync, ph + 7, threads, least)
+        _matvec(buf, mats, layer, np.intp(GATE_UP), xg, sq, ws, gu, sync, ph + 7, threads, least)
         if serial(sync, ph + 8):
             for j in range(hidden):
                 a = max(gu[j], np.float32(0.0))
@@ -216,7 +218,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          mats[layer, DOWN, BPR], lane, sq)
             finish(sync, ph + 8)
         wait_done(sync, ph + 8, 1)
-        _matvec(buf, mats, layer, DOWN, xg, sq, ws, y, sync, ph + 9, threads, least)
+        _matvec(buf, mats, layer, np.intp(DOWN), xg, sq, ws, y, sync, ph + 9, threads, least)
         ph += PHASES_PER_LAYER
     if serial(sync, ph):
         for j in range(dim):
@@ -369,7 +371,7 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
     ph = 0
     for layer in range(mats.shape[0]):
         _norm_tokens(h, y, layer > 0, gains[layer, 0, :dim], f32eps, q8, s, x, sync, ph)
-        _amx_matvec(buf, mats, layer, QKV, q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
+        _amx_matvec(buf, mats, layer, np.intp(QKV), q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
                     ph + 1, threads, abuf, cout, f)
         if serial(sync, ph + 3):
             for t in range(T):
@@ -390,12 +392,12 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
             finish(sync, ph + 4)
         wait_done(sync, ph + 4, T)
         _norm_tokens(o, y, False, gains[layer, 1, :dim], f32eps, q8, s, x, sync, ph + 5)
-        _amx_matvec(buf, mats, layer, OUT, q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
+        _amx_matvec(buf, mats, layer, np.intp(OUT), q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
                     ph + 6, threads, abuf, cout, f)
         # FFN
         _norm_tokens(h, y, True, gains[layer, 2, :dim], f32eps, q8, s, x, sync, ph + 8)
-        _amx_matvec(buf, mats, layer, GATE_UP, q8, lane, xg, xb, cfg, corr, s, ws, gu, sync,
-                    ph + 9, threads, abuf, cout, f)
+        _amx_matvec(buf, mats, layer, np.intp(GATE_UP), q8, lane, xg, xb, cfg, corr, s, ws, gu,
+                    sync, ph + 9, threads, abuf, cout, f)
         while True:  # ReLU^2 gating, norm and quantization, a token at a time
             t = claim(sync, ph + 11)
             if t >= T:
@@ -407,7 +409,7 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
             s[t] = _quantize_row(x[:hidden], q8h, t)
             finish(sync, ph + 11)
         wait_done(sync, ph + 11, T)
-        _amx_matvec(buf, mats, layer, DOWN, q8h, lane, xg, xb, cfg, corr, s, ws, y, sync,
+        _amx_matvec(buf, mats, layer, np.intp(DOWN), q8h, lane, xg, xb, cfg, corr, s, ws, y, sync,
                     ph + 12, threads, abuf, cout, f)
         ph += PHASES_PER_ROWS_LAYER
     while True:

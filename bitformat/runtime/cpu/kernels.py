@@ -161,6 +161,36 @@ def _load64(builder, base, offset):
     return builder.load(builder.bitcast(ptr, _I8x64.as_pointer()), align=1)
 
 
+def _load64_part(builder, base, offset, count):
+    """The ``count`` (< 64) bytes at element ``offset`` of ``base`` as a 64-byte vector, zero
+    past them: the last, partial chunk of a row, read without touching memory beyond it.
+
+    Zero weight bytes are zero codes in every 2-bit layout, so a partial chunk adds the same
+    integers the scalar loops would. (The tails used to run those loops, inlined for every
+    layout at every call site; their vectorized copies were most of the vnni kernels' compile
+    time: 29 s for :func:`mm2_vnni` alone, 0.8 s without them, on a 2-core AMD EPYC.)"""
+    i8p = ir.IntType(8).as_pointer()
+    buf = cgutils.alloca_once(builder, _I8x64)
+    builder.store(ir.Constant(_I8x64, None), buf)
+    cgutils.raw_memcpy(builder, builder.bitcast(buf, i8p),
+                       builder.bitcast(builder.gep(base, [offset]), i8p), count, 1)
+    return builder.load(buf)
+
+
+def _chunk_loop(builder, nbytes, body):
+    """``body(i64, load)`` for each 64-byte chunk of a row of ``nbytes`` bytes: ``i64`` the
+    chunk's first byte, ``load(base, offset)`` its 64-byte loads (:func:`_load64`; for a last
+    partial chunk :func:`_load64_part`, zero past the row's end, ``prefetch`` False)."""
+    chunks = builder.lshr(nbytes, ir.Constant(nbytes.type, 6))
+    c64 = ir.Constant(nbytes.type, 64)
+    with cgutils.for_range(builder, chunks) as loop:
+        body(builder.mul(loop.index, c64), lambda b, o: _load64(builder, b, o), True)
+    part = builder.and_(nbytes, ir.Constant(nbytes.type, 63))
+    with builder.if_then(builder.icmp_unsigned("!=", part, ir.Constant(nbytes.type, 0)),
+                         likely=False):
+        body(builder.mul(chunks, c64), lambda b, o: _load64_part(builder, b, o, part), False)
+
+
 def _vnni_functions(builder):
     """(vpdpbusd on 512 bits, horizontal int32 sum of 16 lanes), declared in this module."""
     vp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
@@ -171,7 +201,8 @@ def _vnni_functions(builder):
 
 
 def _make_vnni_dot(shifts: tuple[int, ...], colpack: bool = False):
-    """Intrinsic ``dot(w, w_off, xg, x_off, x_stride, n) -> int32`` over n 64-byte chunks.
+    """Intrinsic ``dot(w, w_off, xg, x_off, x_stride, nbytes) -> int32`` over a row of
+    ``nbytes`` bytes (64-byte chunks, the last one partial where it must be: :func:`_chunk_loop`).
 
     Chunk i: weight bytes ``w[w_off + 64i : +64]``; slot g's codes ``(byte >> shifts[g]) & 3``
     meet activations ``xg[x_off + g*x_stride + 64i : +64]``. AVX-512 has no byte shift, so
@@ -195,21 +226,23 @@ def _make_vnni_dot(shifts: tuple[int, ...], colpack: bool = False):
             vp, red = _vnni_functions(builder)
             zero = ir.Constant(_I32x16, None)
             accs = [cgutils.alloca_once_value(builder, zero) for _ in parts]
-            c64 = ir.Constant(n.type, 64)
-            with cgutils.for_range(builder, n) as loop:
-                i64 = builder.mul(loop.index, c64)
-                wv = _load64(builder, wptr, builder.add(w_off, i64))
-                _prefetch(builder, wptr, builder.add(w_off, builder.add(i64, ir.Constant(
-                    n.type, ROW_PREFETCH))), L2)
+
+            def chunk(i64, load, prefetch):
+                wv = load(wptr, builder.add(w_off, i64))
+                if prefetch:
+                    _prefetch(builder, wptr, builder.add(w_off, builder.add(i64, ir.Constant(
+                        n.type, ROW_PREFETCH))), L2)
                 xv = []
                 for g in range(len(shifts)):
                     xoff = builder.add(builder.add(x_off, i64),
                                        builder.mul(x_stride, ir.Constant(n.type, g)))
-                    xv.append(builder.bitcast(_load64(builder, xptr, xoff), _I32x16))
+                    xv.append(builder.bitcast(load(xptr, xoff), _I32x16))
                 for acc, (g, mask, _, _) in zip(accs, parts, strict=True):
                     code = builder.and_(wv, ir.Constant(_I8x64, [mask] * 64))
                     builder.store(builder.call(vp, [builder.load(acc), builder.bitcast(
                         code, _I32x16), xv[g]]), acc)
+
+            _chunk_loop(builder, n, chunk)
             total = zero
             for acc, (_, _, back, sign) in zip(accs, parts, strict=True):
                 v = builder.load(acc)
@@ -223,8 +256,9 @@ def _make_vnni_dot(shifts: tuple[int, ...], colpack: bool = False):
 
 
 def _make_vnni_dot_rows(shifts: tuple[int, ...], nrows: int, prefetch: int = 0):
-    """Intrinsic ``dot(W, w_off, w_stride, xg, x_off, x_stride, n) -> nrows int32``: the dot of
-    :func:`_make_vnni_dot` for rows ``w_off + k * w_stride`` (k < nrows) against one token.
+    """Intrinsic ``dot(W, w_off, w_stride, xg, x_off, x_stride, nbytes) -> nrows int32``: the
+    dot of :func:`_make_vnni_dot` for rows ``w_off + k * w_stride`` (k < nrows) against one
+    token.
 
     Each 64-byte chunk of activations is loaded once for ``nrows`` rows. For prompts that cuts
     the activation traffic from L2 (a prompt's activations do not fit L1) by ``nrows`` (4 rows:
@@ -246,17 +280,16 @@ def _make_vnni_dot_rows(shifts: tuple[int, ...], nrows: int, prefetch: int = 0):
             zero = ir.Constant(_I32x16, None)
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in shifts]
                     for _ in range(nrows)]
-            c64 = ir.Constant(n.type, 64)
-            with cgutils.for_range(builder, n) as loop:
-                i64 = builder.mul(loop.index, c64)
-                xv = [builder.bitcast(_load64(builder, xptr, builder.add(
+
+            def chunk(i64, load, ahead):
+                xv = [builder.bitcast(load(xptr, builder.add(
                     builder.add(x_off, i64), builder.mul(x_stride, ir.Constant(n.type, g)))),
                     _I32x16) for g in range(len(shifts))]
                 for k in range(nrows):
                     woff = builder.add(builder.add(w_off, builder.mul(
                         w_stride, ir.Constant(n.type, k))), i64)
-                    wv = _load64(builder, wptr, woff)
-                    if prefetch:
+                    wv = load(wptr, woff)
+                    if prefetch and ahead:
                         _prefetch(builder, wptr, builder.add(woff, ir.Constant(n.type, prefetch)),
                                   L2)
                     for g, sh in enumerate(shifts):
@@ -264,6 +297,8 @@ def _make_vnni_dot_rows(shifts: tuple[int, ...], nrows: int, prefetch: int = 0):
                         acc = accs[k][g]
                         builder.store(builder.call(vp, [builder.load(acc), builder.bitcast(
                             code, _I32x16), xv[g]]), acc)
+
+            _chunk_loop(builder, n, chunk)
             out = []
             for k in range(nrows):
                 total = zero
@@ -694,20 +729,15 @@ def _dot2_portable(wr, w0, xg, x0, n, kind):
 
 @njit(inline="always")
 def _dot2_vnni(wr, XG, t, kind):
-    """The whole row ``wr`` against ``XG[t]``: vpdpbusd on 64-byte chunks, loops for the rest."""
+    """The whole row ``wr`` against ``XG[t]``: vpdpbusd on 64-byte chunks, the last one
+    partial where the row is not whole chunks."""
     bpr = XG.shape[2]
-    chunks = bpr // 64
     x0 = t * 4 * bpr  # XG[t] starts here in the flat buffer
     if kind == KIND_I2S:
-        acc = _vnni_i2s(wr, 0, XG, x0, bpr, chunks)
-    elif kind == KIND_LOW:
-        acc = _vnni_low(wr, 0, XG, x0, bpr, chunks)
-    else:
-        acc = _vnni_colpack(wr, 0, XG, x0, bpr, chunks)
-    done = chunks * 64
-    if done < bpr:
-        acc += _dot2_portable(wr, done, XG[t], done, bpr - done, kind)
-    return acc
+        return _vnni_i2s(wr, 0, XG, x0, bpr, bpr)
+    if kind == KIND_LOW:
+        return _vnni_low(wr, 0, XG, x0, bpr, bpr)
+    return _vnni_colpack(wr, 0, XG, x0, bpr, bpr)
 
 
 @njit(inline="always")
@@ -720,17 +750,10 @@ def _dot2_vnni_pair(W, r, XG, t, kind):
         return _dot2_vnni(W[r], XG, t, kind), np.int32(0)
     if kind == KIND_COLPACK:
         return _dot2_vnni(W[r], XG, t, kind), _dot2_vnni(W[r + 1], XG, t, kind)
-    chunks = bpr // 64
     x0 = t * 4 * bpr
     if kind == KIND_I2S:
-        d0, d1 = _vnni_i2s_pair(W, r * bpr, bpr, XG, x0, bpr, chunks)
-    else:
-        d0, d1 = _vnni_low_pair(W, r * bpr, bpr, XG, x0, bpr, chunks)
-    done = chunks * 64
-    if done < bpr:
-        d0 += _dot2_portable(W[r], done, XG[t], done, bpr - done, kind)
-        d1 += _dot2_portable(W[r + 1], done, XG[t], done, bpr - done, kind)
-    return d0, d1
+        return _vnni_i2s_pair(W, r * bpr, bpr, XG, x0, bpr, bpr)
+    return _vnni_low_pair(W, r * bpr, bpr, XG, x0, bpr, bpr)
 
 
 # -- per-tensor-scale 2-bit formats: i2_s, stfma, colpack_u32 ------------------------------------
@@ -799,8 +822,6 @@ def mm2_vnni_prompt(W, XG, corr, s, ws, kind, out):
     against each token, so a chunk of activations serves four rows (see
     :func:`_make_vnni_dot_rows`); colpack and leftover rows take the one-row path."""
     rows, bpr = W.shape
-    chunks = bpr // 64
-    done = chunks * 64
     R = PROMPT_ROWS
     groups = rows // R if kind != KIND_COLPACK else 0
     for gi in prange(groups):
@@ -808,14 +829,11 @@ def mm2_vnni_prompt(W, XG, corr, s, ws, kind, out):
         for t in range(out.shape[0]):
             x0 = t * 4 * bpr
             if kind == KIND_I2S:
-                d = _vnni_i2s_rows(W, r * bpr, bpr, XG, x0, bpr, chunks)
+                d = _vnni_i2s_rows(W, r * bpr, bpr, XG, x0, bpr, bpr)
             else:
-                d = _vnni_low_rows(W, r * bpr, bpr, XG, x0, bpr, chunks)
+                d = _vnni_low_rows(W, r * bpr, bpr, XG, x0, bpr, bpr)
             for k in range(R):
-                dk = d[k]
-                if done < bpr:
-                    dk += _dot2_portable(W[r + k], done, XG[t], done, bpr - done, kind)
-                out[t, r + k] = np.float32(dk - corr[t]) * ws[r + k] / s[t]
+                out[t, r + k] = np.float32(d[k] - corr[t]) * ws[r + k] / s[t]
     for r in prange(groups * R, rows):
         wr = W[r]
         for t in range(out.shape[0]):

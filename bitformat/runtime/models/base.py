@@ -339,6 +339,8 @@ class Transformer:
         """The backend's plan to run one token through every layer in one call
         (``decode_plan``/``decode_row``, the cpu backend), or None."""
         if self._plan is False:
+            if not self.be.plan_ready():
+                return None  # compiled elsewhere meanwhile: op by op until then
             self._plan = self.be.decode_plan(self)
         return self._plan
 
