@@ -14,6 +14,7 @@ listed. The CPU and the CPU time other processes took meanwhile (/proc/stat) are
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 SECTION = "First run: kernels compiled from scratch (cold start)"
+DATA = ROOT / "docs" / "data" / "cold-start.json"
 CLI = [sys.executable, "-c", "from bitformat.cli import main; main()"]
 
 
@@ -152,8 +154,12 @@ def main() -> None:
     if a.write:
         from benchdoc import DOC, replace_section
 
-        replace_section(DOC, SECTION, section(res, a), after="Decode on the CPU (full-size "
-                                                             "synthetic 2B-4T)")
+        machines = json.loads(DATA.read_text()) if DATA.exists() else {}
+        machines[res["cpu"]] = {"date": datetime.date.today().isoformat(),
+                                "lines": machine_lines(res, a), "results": res}
+        DATA.write_text(json.dumps(machines, indent=1) + "\n")
+        replace_section(DOC, SECTION, section(machines, res["cpu"], a),
+                        after="Decode on the CPU (full-size synthetic 2B-4T)")
 
 
 def _cold_row(what: str, r: dict) -> str:
@@ -164,17 +170,12 @@ def _cold_row(what: str, r: dict) -> str:
             f"{r['cpu_busy_cores']:.2f} |")
 
 
-def section(res: dict, a) -> str:
+def machine_lines(res: dict, a) -> list[str]:
+    """This machine's table, and the slowest functions the first run compiled itself."""
     cold, warm = res["cold"], res["warm"]
     c = cold.get("compile", {})
     funcs = sorted(c.get("functions", {}).items(), key=lambda kv: -kv[1][1])[:6]
-    lines = [f"## {SECTION}", "",
-             f"Command: `python tools/bench_cold_start.py {Path(a.model).name} --write` on "
-             "`bitformat synth --preset 2b4t` (i2_s). Machine: " + res["cpu"] + ". Each "
-             "figure is a new process with an empty kernel cache (`NUMBA_CACHE_DIR` a fresh "
-             "folder); other processes' CPU time during each is given as cores busy (this "
-             "one's included).", "",
-             "| what | first output | total | compiled here | cores busy |",
+    lines = ["| what | first output | total | compiled here | cores busy |",
              "|---|---|---|---|---|",
              _cold_row(f"`bitformat run ... -n {a.tokens}`, empty cache", cold),
              f"| the same, cache filled | {warm['first_output_s']:.1f} s | "
@@ -201,20 +202,38 @@ def section(res: dict, a) -> str:
         dm = res["demo"]
         lines.append(f"| `make demo` (tools/demo.sh: synth, 7 converts, inspect, report, run), "
                      f"empty cache | | {dm['total_s']:.1f} s | | {dm['cpu_busy_cores']:.2f} |")
-    lines += ["", "On an empty cache `run` starts a second process that compiles the layer "
+    lines += ["", "The slowest functions the first `run` compiled itself: " +
+              ", ".join(f"{n} {own:.1f} s" for n, (inc, own) in funcs) + "."]
+    return lines
+
+
+def section(machines: dict, cpu: str, a) -> str:
+    """The section: how it is measured, a table per machine measured (``DATA``; this one
+    first), and how a first run works."""
+    lines = [f"## {SECTION}", "",
+             f"Command: `python tools/bench_cold_start.py {Path(a.model).name} --write` on "
+             "`bitformat synth --preset 2b4t` (i2_s). Each figure is a new process with an "
+             "empty kernel cache (`NUMBA_CACHE_DIR` a fresh folder); other processes' CPU time "
+             "during each is given as cores busy (this one's included). Each machine keeps its "
+             "last run (docs/data/cold-start.json). Targets (issue 25): first output of `run` "
+             "on 2B-4T within 30 s, `warmup` within 90 s."]
+    for name in sorted(machines, key=lambda m: m != cpu):
+        lines += ["", f"### {name} ({machines[name]['date']})", "", *machines[name]["lines"]]
+    lines += ["", "### How a first run compiles", "",
+              "On an empty cache `run` starts a second process that compiles the layer "
               "kernels on a tiny synthetic model of the same family and container while the "
               "first loads the file and compiles the screened head (`runtime/warmup.py`, "
               "`start_helper`; `BITFORMAT_COMPILE_HELPER=0` turns it off): the two cores "
               "compile at once, and the kernels reach the first process through numba's cache "
-              "on disk. The helper says when the kernels of a prompt and a decode step are "
-              "cached; the first process then generates while the helper compiles the "
-              "long-context attention at a lower priority (one-token attention runs on one "
-              "thread, with the same bits, until then), and the command waits for it at its "
-              "end, so 'total' includes it. `bitformat warmup` runs the rANS variants in a "
-              "second process while the first runs the others. Targets (issue 25): first "
-              "output of `run` on 2B-4T within 30 s, `warmup` within 90 s. The slowest "
-              "functions the first `run` compiled itself: " +
-              ", ".join(f"{n} {own:.1f} s" for n, (inc, own) in funcs) + "."]
+              "on disk. The helper says when the kernels of a prompt and of a decode step run "
+              "op by op are cached; the first process then generates, op by op, while the "
+              "helper compiles at a lower priority the one-call decode step (AVX-512 VNNI "
+              "builds: `runtime/cpu/decode.py`), which the first process takes up once the "
+              "helper ends (`Backend.step_compiled`), and the long-context attention "
+              "(one-token attention runs on one thread, with the same bits, until then). The "
+              "command waits for the helper at its end, so 'total' includes it. `bitformat "
+              "warmup` runs the rANS variants in a second process while the first runs the "
+              "others."]
     return "\n".join(lines) + "\n"
 
 
