@@ -237,21 +237,34 @@ def test_stacked_projections_equal_separate(cpu_models, fid):
         assert not w.data.flags.writeable
 
 
-@pytest.mark.parametrize("fid", ["i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32"])
+@pytest.mark.parametrize("fid", ["i2_s", "tq2_0", "tq1_0", "stfma", "colpack_u32", "iq2_bn"])
 def test_weights_are_arena_copies_of_container_bytes(cpu_models, tiny_containers, fid):
-    """The arena holds each matrix's container bytes, or where the build repacks a base-3
-    container (tq1_0 without the vnni kernels) the rows its 2-bit twin encodes."""
+    """The arena holds each matrix's container bytes; where the vnni and avx2 builds hold a
+    matrix whose rows have one scale each as stfma rows (ONE_SCALE_ROWS), those rows, padded to
+    whole chunks, with the container's scales; where the portable build repacks a base-3
+    container (tq1_0), the rows its 2-bit twin encodes."""
     from bitformat.formats import get_format
     from bitformat.runtime.costs import REPACKED
+    from bitformat.runtime.cpu.backend import ONE_SCALE_ROWS, TernaryTensor, one_scale_per_row
 
     be = cpu_models[fid].backend
     arena = be._arena.buf
-    repacked = be.kernel != "vnni" and fid in REPACKED
+    as_stfma = be.kernel in ("vnni", "avx2") and fid in ONE_SCALE_ROWS
+    repacked = not as_stfma and be.kernel != "vnni" and fid in REPACKED
     with open_model(tiny_containers[fid]) as c:
         for i in (0, 1):
             for name, w in cpu_models[fid].net.blocks[i].proj.items():
                 full = f"blk.{i}.{name}.weight"
                 raw = c.plain(full)[1]
+                if as_stfma:
+                    t = c.ternary(full)
+                    assert w.encoding == "stfma" and w.data.shape[1] % 64 == 0
+                    np.testing.assert_array_equal(w.scale, one_scale_per_row(t))
+                    width = w.data.shape[1] * 4
+                    trits = np.zeros((t.rows, width), np.int8)
+                    trits[:, :t.cols] = t.trits
+                    raw = np.asarray(get_format("stfma").encode(TernaryTensor(
+                        trits, np.float32([1]), 0))).view(np.uint8).reshape(-1)
                 if repacked:
                     assert w.encoding == REPACKED[fid]
                     raw = np.asarray(get_format(REPACKED[fid]).encode(c.ternary(full))
@@ -270,8 +283,8 @@ def test_decode_row_same_bits_as_layer_by_layer(cpu_models, fid, kind, monkeypat
     net = cpu_models[fid].net
     monkeypatch.setattr(net, "kv_type", kind)
     plan = net._decode_plan()
-    if fid == "tq2_0":  # not a 2-bit slot layout: no plan, the layer-by-layer path runs
-        assert plan is None
+    if net.blocks[0].proj["attn_q"].encoding == "tq2_0":  # held as it is (the portable
+        assert plan is None  # build): no 2-bit slot layout, no plan, layer by layer
         return
     if cpu_models[fid].backend.kernel != "vnni":
         pytest.skip("the one-call step needs the vnni kernels")
@@ -409,20 +422,66 @@ def test_every_row_container_has_a_cpu_kernel():
 
 def test_iq1_bn_read_as_it_is_gives_the_repacked_bits(tiny_containers, cpu_models,
                                                        monkeypatch):
-    """iq1_bn read as it is (the vnni build's path: the avx2 kernel) and repacked into iq2_bn
-    rows at load (the avx2 and portable builds) give the same logits, bit for bit. (tq1_0
-    has no such pair: the vnni build alone has a kernel for it as it is.)"""
+    """iq1_bn read as it is (the vnni build's kernel: the avx2 one) and repacked into iq2_bn
+    rows at load (the avx2 and portable builds, where its rows are not held as stfma rows)
+    give the same logits, bit for bit. (tq1_0 has no such pair: the vnni build alone has a
+    kernel for it as it is.)"""
     from bitformat.runtime import load
     from bitformat.runtime.cpu.backend import CpuBackend
 
-    repacked = cpu_models["iq1_bn"]
-    if repacked.backend.kernel == "vnni":
-        pytest.skip("the vnni build does not repack iq1_bn: nothing to compare")
-    assert repacked.net.blocks[0].proj["attn_q"].encoding == "iq2_bn"
-    monkeypatch.setattr(CpuBackend, "_repacks", lambda self, e: None)
-    with load(tiny_containers["iq1_bn"], backend="cpu") as native:
-        assert native.net.blocks[0].proj["attn_q"].encoding == "iq1_bn"
+    monkeypatch.setattr(CpuBackend, "_one_scale_rows", lambda self, e: False)
+    with load(tiny_containers["iq1_bn"], backend="cpu") as repacked:
+        if repacked.backend.kernel == "vnni":
+            pytest.skip("the vnni build does not repack iq1_bn: nothing to compare")
+        assert repacked.net.blocks[0].proj["attn_q"].encoding == "iq2_bn"
+        monkeypatch.setattr(CpuBackend, "_repacks", lambda self, e: None)
+        _same_forward(repacked, tiny_containers["iq1_bn"], "iq1_bn")
+
+
+@pytest.mark.parametrize("fid", ["tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "colpack_u32"])
+def test_one_scale_rows_give_the_bits_of_the_containers_own_kernel(cpu_models, tiny_containers,
+                                                                   fid, monkeypatch):
+    """A container held as stfma rows (ONE_SCALE_ROWS: the vnni and avx2 builds) gives the
+    logits its own kernel gives, bit for bit, prompt and one-token steps alike."""
+    from bitformat.runtime.cpu.backend import CpuBackend
+
+    held = cpu_models[fid]
+    if held.backend.kernel not in ("vnni", "avx2"):
+        pytest.skip("the portable build holds every container as it is")
+    assert held.net.blocks[0].proj["attn_q"].encoding == "stfma"
+    monkeypatch.setattr(CpuBackend, "_one_scale_rows", lambda self, e: False)
+    _same_forward(held, tiny_containers[fid], fid)
+
+
+def _same_forward(want_model, path, fid):
+    """``want_model`` and the model loaded now from ``path`` (not as stfma rows) give the same
+    hidden states for a prompt and then 6 one-token steps."""
+    from bitformat.runtime import load
+
+    with load(path, backend="cpu") as native:
+        assert native.net.blocks[0].proj["attn_q"].encoding != "stfma", fid
         prompt = [3, 17, 250, 9, 100]
-        want = repacked.net.forward(prompt, repacked.net.new_cache(len(prompt)))
-        got = native.net.forward(prompt, native.net.new_cache(len(prompt)))
-        np.testing.assert_array_equal(got, want)
+        a, b = (m.net.new_cache(len(prompt) + 6) for m in (want_model, native))
+        want = want_model.net.forward(prompt, a)
+        np.testing.assert_array_equal(native.net.forward(prompt, b), want)
+        for tok in (5, 77, 3, 250, 1, 9):
+            want = want_model.net.forward([tok], a)
+            np.testing.assert_array_equal(native.net.forward([tok], b), want, err_msg=fid)
+
+
+def test_one_scale_per_row():
+    """A row's one scale counts only blocks with a nonzero trit; a row with two is None; a row
+    of zeros gets 0; a per-tensor scale is every row's."""
+    from bitformat.runtime.cpu.backend import one_scale_per_row
+    from bitformat.ternary import TernaryTensor
+
+    trits = np.zeros((3, 8), np.int8)
+    trits[0, [0, 5]] = 1, -1  # blocks 0 and 2 of 4 (blocks of 2)
+    trits[1, 2] = 1  # block 1 only
+    scales = np.float32([[2, 9, 2, 7], [4, 3, 4, 4], [1, 1, 1, 1]])
+    got = one_scale_per_row(TernaryTensor(trits, scales, 2))
+    np.testing.assert_array_equal(got, np.float32([2, 3, 0]))
+    scales[0, 2] = 2.5  # two scales where trits live
+    assert one_scale_per_row(TernaryTensor(trits, scales, 2)) is None
+    np.testing.assert_array_equal(one_scale_per_row(TernaryTensor(trits, np.float32([1.5]))),
+                                  np.float32([1.5] * 3))

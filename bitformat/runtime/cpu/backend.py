@@ -86,6 +86,33 @@ STACKABLE = (*TWO_BIT, *ROW_SCALED, "tq2_0", "tq1_0", "q2_0")
 CHUNK_WEIGHTS = 256
 PADDED = ("i2_s", "stfma")
 
+#: Containers whose matrices the vnni and avx2 builds hold as stfma rows (padded to whole
+#: chunks), each row with its own float32 scale, wherever every row of a matrix has one scale
+#: (:func:`one_scale_per_row`): then the 2-bit kernels, stacking and the one-call step of i2_s
+#: run them, with the same bits as their own kernels (docs/model.md, "One arithmetic"). Models
+#: converted from BitNet's files have one scale per tensor in every container; a block format
+#: whose blocks' scales differ (a llama.cpp quantization of other weights) keeps its kernel.
+ONE_SCALE_ROWS = ("tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "colpack_u32")
+
+
+def one_scale_per_row(t: TernaryTensor) -> np.ndarray | None:
+    """float32 [rows]: each row's one scale, or None where a row has two.
+
+    Only scale blocks holding a nonzero trit count (an all-zero block adds 0 whatever its
+    scale); a row of zeros gets 0. Such a row's output is then ``float32(d * dot) / s`` in
+    every kernel: the block kernels' exact float64 sum of ``d * dot_b`` is ``d * dot``, the
+    2-bit kernels' ``float32(dot) * d`` rounds the same product once."""
+    rows, cols = t.trits.shape
+    if t.scale_block == 0:
+        return np.full(rows, t.scales[0], np.float32)
+    nb = cols // t.scale_block
+    scales = t.scales.reshape(rows, nb)
+    live = (t.trits.reshape(rows, nb, t.scale_block) != 0).any(axis=2)
+    first = scales[np.arange(rows), live.argmax(axis=1)]
+    if np.any(live & (scales != first[:, None])):
+        return None
+    return np.where(live.any(axis=1), first, np.float32(0)).astype(np.float32)
+
 
 @dataclass
 class CpuWeight:
@@ -195,6 +222,8 @@ class CpuBackend(Backend):
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         self._blas = ThreadpoolController()
+        #: bytes held of the matrices held as stfma rows (:data:`ONE_SCALE_ROWS`), by name
+        self._held: dict[str, int] = {}
         self._arena = WeightArena(sum(-(-n // WeightArena.ALIGN) * WeightArena.ALIGN
                                       for n in self._arena_bytes()))
         et = self.head_type
@@ -273,10 +302,16 @@ class CpuBackend(Backend):
         decoded at load its stfma rows, for a repacked base-3 matrix its 2-bit rows."""
         out = []
         for e in self.model.entries:
-            if target := self._repacks(e):
+            if e.ternary:
+                padded = e.shape[0] * -(-e.shape[1] // CHUNK_WEIGHTS) * CHUNK_WEIGHTS // 4
+            if self._one_scale_rows(e):  # as stfma rows, or (other scales) as they are
+                native = (get_format(t).nbytes(*e.shape) if (t := self._repacks(e))
+                          else e.nbytes)
+                out.append(max(padded, native))
+            elif target := self._repacks(e):
                 out.append(get_format(target).nbytes(*e.shape))
             elif self._pads(e):
-                out.append(e.shape[0] * -(-e.shape[1] // CHUNK_WEIGHTS) * CHUNK_WEIGHTS // 4)
+                out.append(padded)
             elif e.encoding in ROW_FORMATS:
                 out.append(e.nbytes)
             elif e.encoding == "rans" and self.decode == "load":
@@ -290,7 +325,9 @@ class CpuBackend(Backend):
         decoded at load), the norms."""
         total = 0
         for e in self.model.entries:
-            if target := self._repacks(e):
+            if e.name in self._held:
+                total += self._held[e.name]
+            elif target := self._repacks(e):
                 total += get_format(target).nbytes(*e.shape)
             elif e.encoding == "rans" and self.decode == "load":
                 total += e.shape[0] * RR.stfma_row_bytes(e.shape[1])
@@ -306,6 +343,11 @@ class CpuBackend(Backend):
             return None
         return REPACKED.get(e.encoding)
 
+    def _one_scale_rows(self, e) -> bool:
+        """Whether matrix entry ``e`` becomes stfma rows where its rows have one scale each
+        (:data:`ONE_SCALE_ROWS`)."""
+        return self.kernel in ("vnni", "avx2") and e.ternary and e.encoding in ONE_SCALE_ROWS
+
     def _pads(self, e) -> bool:
         """Whether matrix entry ``e`` is repacked as padded stfma rows (:data:`CHUNK_WEIGHTS`)."""
         return (self.kernel == "vnni" and e.ternary and e.encoding in PADDED
@@ -320,6 +362,12 @@ class CpuBackend(Backend):
         if self._pads(e):
             return self._padded_weight(name)
         src = ternary_source(self.model, name, self.i2s_variant)
+        if self._one_scale_rows(e):
+            t = self.model.ternary(name) if src is None else src.decode_rows(0, src.rows)
+            if (ws := one_scale_per_row(t)) is not None:
+                w = self._stfma_rows(t, ws)
+                self._held[name] = w.data.nbytes
+                return w
         if (target := self._repacks(e)) and src is not None:
             return self._base3_repacked(src, target)
         if src is None or src.row_bytes is None:
@@ -368,15 +416,19 @@ class CpuBackend(Backend):
         chunks, in the arena (so q, k, v and gate, up still stack); read by the format's reader
         (every check)."""
         t = self.model.ternary(name)
+        return self._stfma_rows(t, np.full(t.rows, t.scales[0], np.float32))
+
+    def _stfma_rows(self, t: TernaryTensor, ws: np.ndarray) -> CpuWeight:
+        """``t``'s trits as stfma rows padded with zero trits to whole 64-byte chunks, in the
+        arena, row r scaled by ``ws[r]``."""
         width = -(-t.cols // CHUNK_WEIGHTS) * CHUNK_WEIGHTS
         trits = np.zeros((t.rows, width), np.int8)
         trits[:, :t.cols] = t.trits
-        padded = TernaryTensor(trits, t.scales, 0, name)
+        padded = TernaryTensor(trits, np.float32([1.0]), 0, t.name)
         data = self._arena.copy(get_format("stfma").encode(padded).view(np.uint8)
                                 .reshape(t.rows, -1))
         data.setflags(write=False)
-        return CpuWeight("stfma", t.rows, t.cols, data, np.full(t.rows, t.scales[0], np.float32),
-                         "plain", K.KIND_LOW)
+        return CpuWeight("stfma", t.rows, t.cols, data, ws, "plain", K.KIND_LOW)
 
     def _base3_repacked(self, src: TernarySource, target: str) -> CpuWeight:
         """A base-3 matrix (tq1_0, iq1_bn) decoded by its format's reader (every check) and

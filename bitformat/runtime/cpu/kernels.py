@@ -178,9 +178,10 @@ def _load64_part(builder, base, offset, count):
 
 
 def _chunk_loop(builder, nbytes, body):
-    """``body(i64, load)`` for each 64-byte chunk of a row of ``nbytes`` bytes: ``i64`` the
-    chunk's first byte, ``load(base, offset)`` its 64-byte loads (:func:`_load64`; for a last
-    partial chunk :func:`_load64_part`, zero past the row's end, ``prefetch`` False)."""
+    """``body(i64, load, ahead)`` for each 64-byte chunk of a row of ``nbytes`` bytes: ``i64``
+    the chunk's first byte, ``load(base, offset)`` its 64-byte loads (:func:`_load64`), ``ahead``
+    whether to prefetch further along the row. A last partial chunk gets :func:`_load64_part`
+    (zero past the row's end) and ``ahead`` False."""
     chunks = builder.lshr(nbytes, ir.Constant(nbytes.type, 6))
     c64 = ir.Constant(nbytes.type, 64)
     with cgutils.for_range(builder, chunks) as loop:
