@@ -63,7 +63,8 @@ def test_inspect_quotes_measured_cpu_speed(tiny_gguf, tmp_path, monkeypatch):
                            "date": "2026-11-27", "source": "tools/bench_containers.py",
                            "i2_s_decode_tps": 12.5,
                            "containers": {"i2_s": {"decode": 1.0, "prefill": 1.0},
-                                          "iq1_bn": {"decode": 0.2, "prefill": 0.1}}}]}
+                                          "iq1_bn": {"decode": 0.2, "prefill": 0.1,
+                                                     "held": "iq2_bn"}}}]}
     f = tmp_path / "costs.json"
     f.write_text(json.dumps(table))
     monkeypatch.setattr(costs, "COSTS_FILE", f)
@@ -73,7 +74,7 @@ def test_inspect_quotes_measured_cpu_speed(tiny_gguf, tmp_path, monkeypatch):
             "i2_s 12.5 tok/s on 2B-4T)") in r.output
     slow = costs.describe("iq1_bn")[0]
     assert slow.endswith("(slow here: pick i2_s, tq2_0 or stfma)")
-    assert "held as iq2_bn rows" in slow  # the avx2 build repacks it at load
+    assert "held as iq2_bn rows" in slow  # what the measured build held it as
     assert costs.describe("tq2_0") == []
     info = json.loads(run("inspect", tiny_gguf, "--json").output)
     assert info["run_costs"] == costs.describe("i2_s")

@@ -201,7 +201,9 @@ def write_costs(record: dict) -> None:
             "date": record["date"], "source": "tools/bench_containers.py",
             "i2_s_decode_tps": next(r["decode_tps"] for r in rows if r["fid"] == "i2_s"),
             "containers": {r["fid"]: {"decode": round(r["decode_ratio"], 3),
-                                      "prefill": round(r["prefill_ratio"], 3)} for r in rows}})
+                                      "prefill": round(r["prefill_ratio"], 3),
+                                      **({"held": r["held"]} if r.get("held") not in
+                                         (None, r["fid"]) else {})} for r in rows}})
     COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
 
 

@@ -130,7 +130,8 @@ class BitformatRunner:
         return {"prefill_tps": s.prompt_tps, "decode_tps": s.generation_tps,
                 "weight_bytes": s.weight_bytes_per_token, "kv_bytes": s.kv_bytes_last_token,
                 "streamed_bytes": self.streamed, "tokens": list(r.tokens),
-                "kernel": self.m.backend.kernel}
+                "kernel": self.m.backend.kernel,
+                "held": getattr(self.m.net.blocks[0].proj.get("attn_q"), "encoding", None)}
 
     def profile(self, prompt: list[int], tokens: int) -> dict:
         """Per decoded token: ms in BitLinear (kernels / the rest), the LM head, everything else."""
@@ -271,6 +272,7 @@ class Worker:
                 "decode_all": [r["decode_tps"] for r in self.runs],
                 "prefill_all": [r["prefill_tps"] for r in self.runs],
                 "tokens": [r.get("tokens") for r in self.runs], "kernel": last.get("kernel"),
+                "held": last.get("held"),
                 "bytes": last["weight_bytes"] + last["kv_bytes"],
                 "streamed": last["streamed_bytes"] + last["kv_bytes"],
                 "peak_rss": self.peak_rss, "load_s": self.load_s, "profile": self.profile}
