@@ -485,3 +485,40 @@ def test_one_scale_per_row():
     assert one_scale_per_row(TernaryTensor(trits, scales, 2)) is None
     np.testing.assert_array_equal(one_scale_per_row(TernaryTensor(trits, np.float32([1.5]))),
                                   np.float32([1.5] * 3))
+
+
+def test_a_matrix_whose_blocks_scales_differ_keeps_its_own_kernel(tiny_containers, tmp_path):
+    """One tq2_0 matrix whose rows carry two block scales (as a llama.cpp quantization of
+    other weights would): the cpu backend keeps the tq2_0 kernel for it, holds the others as
+    stfma rows, and gives the numpy reference's logits."""
+    from bitformat.formats import get_format
+    from bitformat.io.gguf import GGUFReader, GGUFWriter
+    from bitformat.runtime import load
+
+    src, out = tiny_containers["tq2_0"], tmp_path / "mixed.tq2_0.gguf"
+    name = "blk.0.ffn_down.weight"
+    with open_model(src) as c:
+        t = c.ternary(name)
+    assert t.scales.shape[1] >= 2 and (t.trits[:, 256:512] != 0).any()
+    t.scales[:, 1] *= np.float32(1.5)  # block 1 of every row: another (f16-exact) scale
+    with GGUFReader(src) as r:
+        w = GGUFWriter(str(out))
+        w.metadata = dict(r.metadata)
+        blobs = []
+        for n, info in r.tensors.items():
+            raw = r.raw(n)
+            if n == name:
+                raw = np.asarray(get_format("tq2_0").encode(t)).view(np.uint8)
+            w.add_tensor(n, info.shape, info.ggml_type, raw.nbytes)
+            blobs.append(raw)
+        w.write(iter(blobs))
+    with load(out, backend="cpu", kv_cache="f32") as m:
+        if m.backend.kernel not in ("vnni", "avx2"):
+            pytest.skip("the portable build holds every container as it is")
+        proj = m.net.blocks[0].proj
+        assert proj["ffn_down"].encoding == "tq2_0"
+        assert proj["attn_output"].encoding == "stfma"
+        got = m.logits([3, 17, 250, 9])
+    with load(out, backend="numpy", kv_cache="f32") as ref:
+        want = ref.logits([3, 17, 250, 9])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

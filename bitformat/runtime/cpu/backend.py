@@ -362,6 +362,7 @@ class CpuBackend(Backend):
         if self._pads(e):
             return self._padded_weight(name)
         src = ternary_source(self.model, name, self.i2s_variant)
+        t = None  # the matrix decoded by its format's reader (every check), once decoded
         if self._one_scale_rows(e):
             t = self.model.ternary(name) if src is None else src.decode_rows(0, src.rows)
             if (ws := one_scale_per_row(t)) is not None:
@@ -369,11 +370,12 @@ class CpuBackend(Backend):
                 self._held[name] = w.data.nbytes
                 return w
         if (target := self._repacks(e)) and src is not None:
-            return self._base3_repacked(src, target)
+            return self._base3_repacked(src.decode_rows(0, src.rows) if t is None else t,
+                                        target)
         if src is None or src.row_bytes is None:
-            return self._repacked_weight(name, src)
-        if self.validate:  # the kernels trust the bytes: check every code and scale once
-            src.validate()
+            return self._repacked_weight(name, src, t)
+        if self.validate and t is None:  # the kernels trust the bytes: check every code and
+            src.validate()  # scale once (decoding them above did)
         data = self._arena.copy(src.rows_view())
         if src.encoding in TWO_BIT:
             layout, kind = TWO_BIT[src.encoding]
@@ -430,24 +432,25 @@ class CpuBackend(Backend):
         data.setflags(write=False)
         return CpuWeight("stfma", t.rows, t.cols, data, ws, "plain", K.KIND_LOW)
 
-    def _base3_repacked(self, src: TernarySource, target: str) -> CpuWeight:
+    def _base3_repacked(self, t: TernaryTensor, target: str) -> CpuWeight:
         """A base-3 matrix (tq1_0, iq1_bn) decoded by its format's reader (every check) and
         encoded as ``target``'s rows (tq2_0, iq2_bn: the same scales) in the arena."""
-        t = src.decode_rows(0, src.rows)
         fmt = get_format(target)
-        raw = np.asarray(fmt.encode(t)).view(np.uint8).reshape(src.rows, -1)
+        raw = np.asarray(fmt.encode(t)).view(np.uint8).reshape(t.rows, -1)
         data = self._arena.copy(raw)
         data.setflags(write=False)
         scale = fmt.row_scales(data) if target in ROW_SCALED else np.float32(0)
-        return CpuWeight(target, src.rows, src.cols, data, scale)
+        return CpuWeight(target, t.rows, t.cols, data, scale)
 
-    def _repacked_weight(self, name: str, src: TernarySource | None) -> CpuWeight:
+    def _repacked_weight(self, name: str, src: TernarySource | None,
+                         t: TernaryTensor | None = None) -> CpuWeight:
         """Matrices without row-readable bytes (module docstring), decoded once and repacked.
 
         Per-tensor scales become stfma rows (the 2-bit kernel); anything else keeps int8
         trits and the generic kernel (no source of that kind exists today).
         """
-        t = self.model.ternary(name) if src is None else src.decode_rows(0, src.rows)
+        if t is None:  # (or already decoded by the caller)
+            t = self.model.ternary(name) if src is None else src.decode_rows(0, src.rows)
         if t.scale_block == 0:
             rows = get_format("stfma").encode(t).view(np.uint8).reshape(t.rows, -1)
             return CpuWeight("stfma", t.rows, t.cols, rows,
