@@ -95,6 +95,11 @@ PADDED = ("i2_s", "stfma")
 ONE_SCALE_ROWS = ("tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "colpack_u32")
 
 
+def _padded_bytes(shape: tuple[int, int]) -> int:
+    """Bytes of a matrix as stfma rows padded to whole chunks (:data:`CHUNK_WEIGHTS`)."""
+    return shape[0] * -(-shape[1] // CHUNK_WEIGHTS) * CHUNK_WEIGHTS // 4
+
+
 def one_scale_per_row(t: TernaryTensor) -> np.ndarray | None:
     """float32 [rows]: each row's one scale, or None where a row has two.
 
@@ -302,16 +307,14 @@ class CpuBackend(Backend):
         decoded at load its stfma rows, for a repacked base-3 matrix its 2-bit rows."""
         out = []
         for e in self.model.entries:
-            if e.ternary:
-                padded = e.shape[0] * -(-e.shape[1] // CHUNK_WEIGHTS) * CHUNK_WEIGHTS // 4
             if self._one_scale_rows(e):  # as stfma rows, or (other scales) as they are
                 native = (get_format(t).nbytes(*e.shape) if (t := self._repacks(e))
                           else e.nbytes)
-                out.append(max(padded, native))
+                out.append(max(_padded_bytes(e.shape), native))
             elif target := self._repacks(e):
                 out.append(get_format(target).nbytes(*e.shape))
             elif self._pads(e):
-                out.append(padded)
+                out.append(_padded_bytes(e.shape))
             elif e.encoding in ROW_FORMATS:
                 out.append(e.nbytes)
             elif e.encoding == "rans" and self.decode == "load":
