@@ -211,7 +211,8 @@ def run_screen(be, H: np.ndarray) -> dict:
         st = head.stats
         if st.fallbacks:
             raise AssertionError(f"the screened head fell back: {dict(st.fallbacks)}")
-        width = {"screen_bits": head.tables.bits, "switches": list(head.switches)}
+        width = {"screen_bits": head.tables.bits, "switches": list(head.switches),
+                 "first_bits": be.screen_choice[0] if be.screen_choice else None}
         out[mode] = {"candidates": summary(st.candidates),
                      "first_pass_candidates": (summary(st.screen_candidates)
                                                if st.screen_candidates else None),
