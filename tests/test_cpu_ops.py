@@ -374,7 +374,8 @@ def test_decode_row_team_survives_overflowing_weights(cpu_models, team):
 @pytest.mark.parametrize("fid", ["i2_s", "stfma"])
 @pytest.mark.parametrize("team", [None, 3])
 def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypatch):
-    """A batched decode step in one call (AMX tiles, :func:`decode.decode_rows`) against the
+    """A batched decode step in one call (AMX tiles, :func:`decode.decode_rows`, or VNNI,
+    :func:`decode.decode_rows_vnni`) against the
     same step layer by layer: hidden states and every request's caches equal, 12 steps of 5
     requests whose caches have different lengths and positions; also by a team of 3 threads
     (:mod:`.cpu.team`) on however many threads numba runs, members one after another included."""
@@ -385,8 +386,12 @@ def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypa
     lm = cpu_models[fid]
     net, be = lm.net, lm.backend
     plan = net._decode_plan()
-    if plan is None or not (be.amx and plan.amx):
-        pytest.skip("no AMX tiles here, or rows that are not whole 64-byte chunks")
+    if plan is None:
+        pytest.skip("no one-call step on this build")
+    calls = []
+    for name in ("decode_rows", "decode_rows_vnni"):
+        kernel = getattr(D, name)
+        monkeypatch.setattr(D, name, lambda *a, k=kernel, n=name: (calls.append(n), k(*a)))
     rng = np.random.default_rng(9)
     V = net.args.vocab_size
     fused = [net.new_cache(40 + 3 * i) for i in range(5)]
@@ -408,6 +413,8 @@ def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypa
             n = a.length  # the positions held (the rest of the arrays is not written)
             np.testing.assert_array_equal(a.k[:, :n], b.k[:, :n], f"k cache, step {step}")
             np.testing.assert_array_equal(a.v[:, :n], b.v[:, :n], f"v cache, step {step}")
+    want = "decode_rows" if be.amx and plan.amx else "decode_rows_vnni"
+    assert calls == [want] * 12  # every step in one call, of this CPU's kind
 
 
 def test_every_row_container_has_a_cpu_kernel():

@@ -111,11 +111,13 @@ def test_screen_kernels_match_numpy_reference(kernel, bits, dim):
     if bits != 8:
         np.testing.assert_allclose(t.fine_A, ref.fine_A, rtol=1e-12)
         np.testing.assert_allclose(t.fine_N, ref.fine_N, rtol=1e-12)
-    h = rng.standard_normal((3, dim)).astype(np.float32)
-    xq, par = ref.prepare(h)
-    lo, hi = be.head_bounds(ref, xq, par)
-    rlo, rhi = EH.bounds_numpy(ref, xq, par)
-    assert np.array_equal(lo, rlo) and np.array_equal(hi, rhi)
+    for T in (1, 2, 7):  # 7: the batched screens' passes of 4, 2 and 1 tokens (and 301 rows:
+        # a block whose last row has no partner)
+        h = rng.standard_normal((T, dim)).astype(np.float32)
+        xq, par = ref.prepare(h)
+        lo, hi = be.head_bounds(ref, xq, par)
+        rlo, rhi = EH.bounds_numpy(ref, xq, par)
+        assert np.array_equal(lo, rlo) and np.array_equal(hi, rhi), f"{T} tokens"
     exact = h.astype(np.float64) @ E.astype(np.float64).T  # (the float32 kernel: within slack)
     if bits != 8:  # the int8 screen of some rows, from the first screen's sums
         ids = np.array([0, 5, 7, 8, 9, 150, 300])

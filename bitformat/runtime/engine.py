@@ -340,14 +340,17 @@ class Engine:
 
     def _warmup(self) -> None:
         """One pass of two segments (a 2-token prompt and a 1-token step) through every
-        kernel the batched steps use, then two steps of one token on one cache (a lone
+        kernel the batched steps use, a step of one token for each (the cpu backend's
+        batched step in one call), then two steps of one token on one cache (a lone
         request's step: the cpu backend's fused one-token call and the head), as ``bitformat
         run``'s warm-up does, so the first request does not pay compilation, the first
         calls' page faults or the thread setting's first timings."""
         n = 2 if self.max_batch > 1 else 1
-        segs = [Segment([0] * (2 - i), self.net.new_cache(2)) for i in range(n)]
+        segs = [Segment([0] * (2 - i), self.net.new_cache(3)) for i in range(n)]
         try:
             self.net.decode(segs, [Sampler() for _ in segs])
+            if n > 1:
+                self.net.decode([Segment([0], s.cache) for s in segs], [Sampler(), Sampler()])
             cache = self.net.new_cache(2)
             for _ in range(2):
                 self.net.decode([Segment([0], cache)], [Sampler()])

@@ -558,14 +558,20 @@ class CpuBackend(Backend):
     def decode_rows(self, plan: D.Plan, h: np.ndarray, rows) -> bool:
         """A batched decode step (row t of ``h`` [T, dim] the embedding of request t's token,
         ``rows`` a :class:`.models.base.Rows` of one token per request) through every layer in
-        one call on AMX tiles (:func:`.decode.decode_rows`), ``h`` replaced by the outputs.
-        False (nothing done) where that does not apply."""
+        one call, on AMX tiles where the CPU has them (:func:`.decode.decode_rows`), else on
+        VNNI (:func:`.decode.decode_rows_vnni`), ``h`` replaced by the outputs. False (nothing
+        done) where that does not apply."""
         T = h.shape[0]
-        if not (self.amx and plan.amx and 2 <= T <= A.MAX_TOKENS):
+        if not 2 <= T <= A.MAX_TOKENS:
             return False
-        self._call(D.decode_rows, plan.nbytes, self._arena.buf, plan.mats, plan.ws, plan.gains,
-                   plan.eps, plan.lane, plan.heads, A.tile_config(T), *self._kv_table(rows),
-                   rows.cos, rows.sin, plan.kv_heads, plan.head_dim, h)
+        if self.amx and plan.amx:
+            self._call(D.decode_rows, plan.nbytes, self._arena.buf, plan.mats, plan.ws,
+                       plan.gains, plan.eps, plan.lane, plan.heads, A.tile_config(T),
+                       *self._kv_table(rows), rows.cos, rows.sin, plan.kv_heads, plan.head_dim, h)
+        else:
+            self._call(D.decode_rows_vnni, plan.nbytes, self._arena.buf, plan.mats, plan.ws,
+                       plan.gains, plan.eps, plan.lane, plan.heads, *self._kv_table(rows),
+                       rows.cos, rows.sin, plan.kv_heads, plan.head_dim, h)
         return True
 
     def attend_tokens(self, q, k, v, layer: int, rows, out) -> None:

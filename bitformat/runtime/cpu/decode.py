@@ -33,7 +33,8 @@ from numba import get_num_threads, njit, prange
 
 from ...graph import NotLowerable, decoder_shape
 from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, amx_tail, block_scratch
-from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
+from .batch import _pair
+from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni, _dot2_vnni_pair
 from .ops import (
     ATTN_CHUNK,
     PART_V,
@@ -330,27 +331,54 @@ def decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens,
                  sin, KV, d, get_num_threads(), h)
 
 
+def decode_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, pos, proto, cos,
+                     sin, KV, d, h):
+    """:func:`decode_rows` on a CPU without AMX: the mat-vecs are :func:`.batch.mm2_vnni_tokens`'
+    (each 64-byte chunk of two rows loaded and split into codes once for up to 8 tokens, the
+    same bits as the one-token kernel), row pairs taken guided as :func:`decode_row`'s."""
+    _decode_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, pos, proto,
+                      cos, sin, KV, d, get_num_threads(), CHUNK_BYTES, h)
+
+
+@njit(cache=True, error_model="numpy")
+def _rows_scratch(mats, T, dim):
+    """The arrays a batched step's team shares: int8 activations (model width and FFN width),
+    their scales and sums, the mat-vec outputs (q|k|v, o, gate|up, the gated FFN input) and the
+    phase counters."""
+    hidden = mats[0, GATE_UP, ROWS] // 2
+    return (np.empty((T, dim), np.int8), np.empty((T, hidden), np.int8),
+            np.empty(T, np.float32), np.empty(T, np.int32),
+            np.empty((T, mats[0, QKV, ROWS]), np.float32), np.empty((T, dim), np.float32),
+            np.empty((T, 2 * hidden), np.float32), np.empty((T, hidden), np.float32),
+            np.zeros((PHASES_PER_ROWS_LAYER * mats.shape[0] + 1, SYNC_WIDTH), np.int64))
+
+
 @njit(cache=True, parallel=True, nogil=True, error_model="numpy")
 def _decode_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, proto,
                  cos, sin, KV, d, threads, h):
     """:func:`decode_rows` by a team of ``threads``."""
     T, dim = h.shape
-    hidden = mats[0, GATE_UP, ROWS] // 2
     bpr = _widest_row(mats)
-    q8 = np.empty((T, dim), np.int8)
-    q8h = np.empty((T, hidden), np.int8)
-    s = np.empty(T, np.float32)
-    corr = np.empty(T, np.int32)
+    q8, q8h, s, corr, y, o, gu, g, sync = _rows_scratch(mats, T, dim)
     xg = np.empty(T * 4 * bpr, np.int8)  # the one-token slots, for rows past the last 16
     xb = np.empty(bpr // 64 * 4 * 16 * T, np.int32)  # the AMX activation tiles
-    y = np.empty((T, mats[0, QKV, ROWS]), np.float32)
-    o = np.empty((T, dim), np.float32)
-    gu = np.empty((T, 2 * hidden), np.float32)
-    g = np.empty((T, hidden), np.float32)
-    sync = np.zeros((PHASES_PER_ROWS_LAYER * mats.shape[0] + 1, SYNC_WIDTH), np.int64)
     for _t in prange(threads):
         _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, pos, proto,
                    cos, sin, KV, d, h, q8, q8h, s, corr, xg, xb, y, o, gu, g, sync, threads)
+
+
+@njit(cache=True, parallel=True, nogil=True, error_model="numpy")
+def _decode_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, pos, proto,
+                      cos, sin, KV, d, threads, least, h):
+    """:func:`decode_rows_vnni` by a team of ``threads``, taking at least ``least`` bytes of a
+    mat-vec's rows at a time."""
+    T, dim = h.shape
+    q8, q8h, s, corr, y, o, gu, g, sync = _rows_scratch(mats, T, dim)
+    xg = np.empty(T * 4 * _widest_row(mats), np.int8)  # every token's slot layout
+    for _t in prange(threads):
+        _step_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, pos, proto,
+                        cos, sin, KV, d, h, q8, q8h, s, corr, xg, y, o, gu, g, sync, threads,
+                        least)
 
 
 #: phases of :func:`_step_rows` per layer (and one after the last)
@@ -362,35 +390,17 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
                sin, KV, d, h, q8, q8h, s, corr, xg, xb, y, o, gu, g, sync, threads):
     """One thread's part of :func:`decode_rows` (the phases of :func:`_step`; the norms and
     quantizations shared out by token, the activation layouts serial)."""
-    T, dim = h.shape
-    H = heads
-    hidden = mats[0, GATE_UP, ROWS] // 2
+    dim = h.shape[1]
     f32eps = np.float32(eps)
-    abuf, cout, f = block_scratch(T)
-    x = np.empty(max(dim, hidden), np.float32)
+    abuf, cout, f = block_scratch(h.shape[0])
+    x = np.empty(max(dim, g.shape[1]), np.float32)
     ph = 0
     for layer in range(mats.shape[0]):
         _norm_tokens(h, y, layer > 0, gains[layer, 0, :dim], f32eps, q8, s, x, sync, ph)
         _amx_matvec(buf, mats, layer, np.intp(QKV), q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
                     ph + 1, threads, abuf, cout, f)
-        if serial(sync, ph + 3):
-            for t in range(T):
-                kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, proto)
-                _store_kv(y[t, H * d:(H + KV) * d].reshape((KV, d)),
-                          y[t, (H + KV) * d:(H + 2 * KV) * d].reshape((KV, d)), cos[t], sin[t],
-                          kc, vc, pos[t])
-            finish(sync, ph + 3)
-        wait_done(sync, ph + 3, 1)
-        while True:  # a token's attention at a time
-            t = claim(sync, ph + 4)
-            if t >= T:
-                break
-            kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, proto)
-            qr = np.empty((H, d), np.float32)
-            _rope_heads(y[t, :H * d].reshape((H, d)), cos[t], sin[t], qr)
-            _attend(qr, kc, vc, pos[t] + 1, o[t])
-            finish(sync, ph + 4)
-        wait_done(sync, ph + 4, T)
+        _attend_tokens(y, o, heads, kaddr, vaddr, lens, pos, proto, cos, sin, KV, d, layer,
+                       sync, ph + 3)
         _norm_tokens(o, y, False, gains[layer, 1, :dim], f32eps, q8, s, x, sync, ph + 5)
         _amx_matvec(buf, mats, layer, np.intp(OUT), q8, lane, xg, xb, cfg, corr, s, ws, y, sync,
                     ph + 6, threads, abuf, cout, f)
@@ -398,20 +408,89 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
         _norm_tokens(h, y, True, gains[layer, 2, :dim], f32eps, q8, s, x, sync, ph + 8)
         _amx_matvec(buf, mats, layer, np.intp(GATE_UP), q8, lane, xg, xb, cfg, corr, s, ws, gu,
                     sync, ph + 9, threads, abuf, cout, f)
-        while True:  # ReLU^2 gating, norm and quantization, a token at a time
-            t = claim(sync, ph + 11)
-            if t >= T:
-                break
-            for j in range(hidden):
-                a = max(gu[t, j], np.float32(0.0))
-                g[t, j] = a * a * gu[t, hidden + j]
-            _norm_row(g[t], gains[layer, 3, :hidden], f32eps, x[:hidden])
-            s[t] = _quantize_row(x[:hidden], q8h, t)
-            finish(sync, ph + 11)
-        wait_done(sync, ph + 11, T)
+        _glu_tokens(gu, g, gains[layer, 3], f32eps, q8h, s, x, sync, ph + 11)
         _amx_matvec(buf, mats, layer, np.intp(DOWN), q8h, lane, xg, xb, cfg, corr, s, ws, y, sync,
                     ph + 12, threads, abuf, cout, f)
         ph += PHASES_PER_ROWS_LAYER
+    _add_tokens(h, y, sync, ph)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _step_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, pos, proto, cos,
+                    sin, KV, d, h, q8, q8h, s, corr, xg, y, o, gu, g, sync, threads, least):
+    """One thread's part of :func:`decode_rows_vnni`: :func:`_step_rows`' phases, its mat-vecs
+    :func:`_tokens_matvec`'s."""
+    dim = h.shape[1]
+    f32eps = np.float32(eps)
+    x = np.empty(max(dim, g.shape[1]), np.float32)
+    ph = 0
+    for layer in range(mats.shape[0]):
+        _norm_tokens(h, y, layer > 0, gains[layer, 0, :dim], f32eps, q8, s, x, sync, ph)
+        _tokens_matvec(buf, mats, layer, np.intp(QKV), q8, lane, xg, corr, s, ws, y, sync, ph + 1,
+                       threads, least)
+        _attend_tokens(y, o, heads, kaddr, vaddr, lens, pos, proto, cos, sin, KV, d, layer,
+                       sync, ph + 3)
+        _norm_tokens(o, y, False, gains[layer, 1, :dim], f32eps, q8, s, x, sync, ph + 5)
+        _tokens_matvec(buf, mats, layer, np.intp(OUT), q8, lane, xg, corr, s, ws, y, sync, ph + 6,
+                       threads, least)
+        # FFN
+        _norm_tokens(h, y, True, gains[layer, 2, :dim], f32eps, q8, s, x, sync, ph + 8)
+        _tokens_matvec(buf, mats, layer, np.intp(GATE_UP), q8, lane, xg, corr, s, ws, gu, sync,
+                       ph + 9, threads, least)
+        _glu_tokens(gu, g, gains[layer, 3], f32eps, q8h, s, x, sync, ph + 11)
+        _tokens_matvec(buf, mats, layer, np.intp(DOWN), q8h, lane, xg, corr, s, ws, y, sync,
+                       ph + 12, threads, least)
+        ph += PHASES_PER_ROWS_LAYER
+    _add_tokens(h, y, sync, ph)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _attend_tokens(y, o, H, kaddr, vaddr, lens, pos, proto, cos, sin, KV, d, layer, sync, ph):
+    """Phases ``ph`` (serial: every token's k and v, from q|k|v ``y``, into its cache) and
+    ``ph + 1`` (a token's attention at a time into ``o``)."""
+    T = y.shape[0]
+    if serial(sync, ph):
+        for t in range(T):
+            kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, proto)
+            _store_kv(y[t, H * d:(H + KV) * d].reshape((KV, d)),
+                      y[t, (H + KV) * d:(H + 2 * KV) * d].reshape((KV, d)), cos[t], sin[t],
+                      kc, vc, pos[t])
+        finish(sync, ph)
+    wait_done(sync, ph, 1)
+    while True:
+        t = claim(sync, ph + 1)
+        if t >= T:
+            break
+        kc, vc = _caches(kaddr, vaddr, lens, t, layer, KV, proto)
+        qr = np.empty((H, d), np.float32)
+        _rope_heads(y[t, :H * d].reshape((H, d)), cos[t], sin[t], qr)
+        _attend(qr, kc, vc, pos[t] + 1, o[t])
+        finish(sync, ph + 1)
+    wait_done(sync, ph + 1, T)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _glu_tokens(gu, g, gain, eps, q, s, x, sync, ph):
+    """Phase ``ph``, a token at a time: ReLU^2 gating of gate|up ``gu`` into ``g``, normed with
+    ``gain`` and quantized into ``q[t]``, its scale into ``s[t]``."""
+    T, hidden = g.shape
+    while True:
+        t = claim(sync, ph)
+        if t >= T:
+            break
+        for j in range(hidden):
+            a = max(gu[t, j], np.float32(0.0))
+            g[t, j] = a * a * gu[t, hidden + j]
+        _norm_row(g[t], gain[:hidden], eps, x[:hidden])
+        s[t] = _quantize_row(x[:hidden], q, t)
+        finish(sync, ph)
+    wait_done(sync, ph, T)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _add_tokens(h, y, sync, ph):
+    """Phase ``ph``, a token at a time: the last layer's output ``y`` added to ``h``."""
+    T, dim = h.shape
     while True:
         t = claim(sync, ph)
         if t >= T:
@@ -488,6 +567,52 @@ def _amx_matvec(buf, mats, layer, which, q, lane, xg, xb, cfg, corr, s, ws, out,
                 amx_tail(W, xg[:T * 4 * bpr].reshape((T, 4, bpr)), kind, corr, s, wsl, out)
         finish_run(sync, ph, b1 - b0)
     wait_done(sync, ph, units)
+
+
+@njit(cache=True, error_model="numpy")
+def _tokens_matvec(buf, mats, layer, which, q, lane, xg, corr, s, ws, out, sync, ph, threads,
+                   least):
+    """Phases ``ph`` (serial: every token's slot layout and sum) and ``ph + 1``:
+    :func:`.batch.mm2_vnni_tokens` of matrix ``which`` into ``out`` [T, rows] (the same kernel
+    and bits), its row pairs taken guided as :func:`_matvec`'s."""
+    T, cols = q.shape
+    W = _weight(buf, mats, layer, which)
+    rows, bpr = W.shape
+    XG = xg[:T * 4 * bpr].reshape((T, 4, bpr))
+    if serial(sync, ph):
+        _slots_rows(q, lane, cols, XG)
+        for t in range(T):
+            corr[t] = _sum(q, t)
+        finish(sync, ph)
+    wait_done(sync, ph, 1)
+    ph += 1
+    kind = mats[layer, which, KIND]
+    w0 = mats[layer, which, WS]
+    pairs = (rows + 1) // 2
+    least = max(1, least // (2 * bpr))
+    d = np.empty((2, 8), np.int32)
+    while True:
+        p0, p1 = take_guided(sync, ph, pairs, least, threads)
+        if p0 >= p1:
+            break
+        for p in range(p0, p1):
+            r = 2 * p
+            if r + 1 == rows:  # an odd last row
+                for t in range(T):
+                    out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) * ws[
+                        w0 + r] / s[t]
+                continue
+            t0 = 0
+            while t0 < T:
+                nt = 8 if T - t0 >= 8 else 4 if T - t0 >= 4 else 2 if T - t0 >= 2 else 1
+                _pair(W, r, XG, t0, nt, kind, d)
+                for k in range(2):
+                    for j in range(nt):
+                        t = t0 + j
+                        out[t, r + k] = np.float32(d[k, j] - corr[t]) * ws[w0 + r + k] / s[t]
+                t0 += nt
+        finish_run(sync, ph, p1 - p0)
+    wait_done(sync, ph, pairs)
 
 
 #: slot layout -> lane of :func:`_slots`
