@@ -132,6 +132,23 @@ def _pair(W, r, XG, t0, nt, kind, d):
         d[0, 0], d[1, 0] = v1[0], v1[1]
 
 
+@njit(inline="always")
+def pair_tokens(W, r, XG, corr, s, ws, kind, out, d):
+    """Rows r, r+1 of ``W`` against every token of ``XG``, tokens in passes of 8, 4, 2 and 1:
+    ``out[t, r + k] = float32(dot - corr[t]) * ws[r + k] / s[t]`` (``d`` int32 [2, 8]
+    scratch)."""
+    T = out.shape[0]
+    t0 = 0
+    while t0 < T:
+        nt = 8 if T - t0 >= 8 else 4 if T - t0 >= 4 else 2 if T - t0 >= 2 else 1
+        _pair(W, r, XG, t0, nt, kind, d)
+        for k in range(2):
+            for j in range(nt):
+                t = t0 + j
+                out[t, r + k] = np.float32(d[k, j] - corr[t]) * ws[r + k] / s[t]
+        t0 += nt
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def mm2_vnni_tokens(W, XG, corr, s, ws, kind, out):
     """:func:`.kernels.mm2_vnni` for 2..8 tokens (KIND_I2S, KIND_LOW): two rows at a time, the
@@ -139,17 +156,7 @@ def mm2_vnni_tokens(W, XG, corr, s, ws, kind, out):
     rows = W.shape[0]
     T = out.shape[0]
     for p in prange(rows // 2):
-        r = 2 * p
-        d = np.empty((2, 8), np.int32)
-        t0 = 0
-        while t0 < T:
-            nt = 8 if T - t0 >= 8 else 4 if T - t0 >= 4 else 2 if T - t0 >= 2 else 1
-            _pair(W, r, XG, t0, nt, kind, d)
-            for k in range(2):
-                for j in range(nt):
-                    t = t0 + j
-                    out[t, r + k] = np.float32(d[k, j] - corr[t]) * ws[r + k] / s[t]
-            t0 += nt
+        pair_tokens(W, 2 * p, XG, corr, s, ws, kind, out, np.empty((2, 8), np.int32))
     if rows % 2:
         r = rows - 1
         for t in range(T):

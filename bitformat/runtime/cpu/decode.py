@@ -33,7 +33,7 @@ from numba import get_num_threads, njit, prange
 
 from ...graph import NotLowerable, decoder_shape
 from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, amx_tail, block_scratch
-from .batch import _pair
+from .batch import pair_tokens
 from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni, _dot2_vnni_pair
 from .ops import (
     ATTN_CHUNK,
@@ -588,6 +588,7 @@ def _tokens_matvec(buf, mats, layer, which, q, lane, xg, corr, s, ws, out, sync,
     ph += 1
     kind = mats[layer, which, KIND]
     w0 = mats[layer, which, WS]
+    wsl = ws[w0: w0 + rows]
     pairs = (rows + 1) // 2
     least = max(1, least // (2 * bpr))
     d = np.empty((2, 8), np.int32)
@@ -597,20 +598,12 @@ def _tokens_matvec(buf, mats, layer, which, q, lane, xg, corr, s, ws, out, sync,
             break
         for p in range(p0, p1):
             r = 2 * p
-            if r + 1 == rows:  # an odd last row
+            if r + 1 < rows:
+                pair_tokens(W, r, XG, corr, s, wsl, kind, out, d)
+            else:  # an odd last row
                 for t in range(T):
-                    out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) * ws[
-                        w0 + r] / s[t]
-                continue
-            t0 = 0
-            while t0 < T:
-                nt = 8 if T - t0 >= 8 else 4 if T - t0 >= 4 else 2 if T - t0 >= 2 else 1
-                _pair(W, r, XG, t0, nt, kind, d)
-                for k in range(2):
-                    for j in range(nt):
-                        t = t0 + j
-                        out[t, r + k] = np.float32(d[k, j] - corr[t]) * ws[w0 + r + k] / s[t]
-                t0 += nt
+                    out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) * wsl[
+                        r] / s[t]
         finish_run(sync, ph, p1 - p0)
     wait_done(sync, ph, pairs)
 
