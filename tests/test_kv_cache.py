@@ -189,6 +189,28 @@ def test_cache_grows_in_blocks_and_keeps_what_it_holds(tiny_gguf, cpu_models):
     np.testing.assert_array_equal(a, b)
 
 
+def test_generation_reserves_its_positions_once(cpu_models, monkeypatch):
+    """A generation without a cache of its own makes one whose arrays hold the prompt and
+    every token it may generate from the start: no copy as the prompt's chunks or the decode
+    steps cross a block (the copies grew with the context: 236 MB at 3,072 positions of
+    2B-4T). Blocks of 32 positions here, so that the tiny model's context holds several."""
+    from bitformat.runtime.models import base
+
+    monkeypatch.setattr(base, "KV_BLOCK", 32)
+    lm = cpu_models["i2_s"]
+    made = []
+    alloc = KVCache._alloc
+    monkeypatch.setattr(KVCache, "_alloc",  # (a new cache's empty arrays: capacity 0)
+                        lambda self, cap: (cap and made.append(cap)) or alloc(self, cap))
+    prompt = (PROMPT * 9)[:100]  # prompt chunks and decode steps cross blocks at 128 and 160
+    r = lm.generate(prompt, max_new_tokens=60, stop_ids=[])
+    assert r.stats.generated_tokens == 60
+    assert made == [160, 160]  # k and v, once each, at their full size
+    cache = lm.net.new_cache(160)  # a cache grown by use (chat's, the server's) still grows
+    lm.net.forward_hidden([Segment(prompt, cache)])
+    assert made[2:] == [128, 128] and cache.capacity == 128
+
+
 def test_cache_type_refused_with_its_name(tiny_gguf):
     with pytest.raises(RequestError, match="KV cache type must be f16, f32, q8_0"):
         load(tiny_gguf, backend="numpy", kv_cache="q4")
