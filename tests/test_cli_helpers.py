@@ -139,6 +139,8 @@ def test_on_compile_hears_numba_compile_not_cache():
 def test_warmup_prepares_before_timing(tiny_gguf):
     """After warmup() nothing compiles while generating (cpu), so the speed is the model's."""
     import bitformat
+    from bitformat.runtime.models.base import Segment
+    from bitformat.runtime.sampling import Sampler
     from bitformat.runtime.warmup import on_compile
 
     heard = []
@@ -148,6 +150,9 @@ def test_warmup_prepares_before_timing(tiny_gguf):
             m.generate("def f(x):", 6)
             m.generate(list(range(1, 9)), 3)
             m.generate(list(range(1, 80)), 3)  # attention past one run of positions
+            caches = [m.net.new_cache(4) for _ in range(3)]  # the server's batched step
+            m.net.decode([Segment([t], c) for t, c in zip((1, 2, 3), caches, strict=True)],
+                         [Sampler() for _ in caches])
         assert heard == []
         assert m.last_stats.generated_tokens == 3
 

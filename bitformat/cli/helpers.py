@@ -182,8 +182,8 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
                 click.echo(synthetic_note(str(file)), err=True)
             try:
                 with on_compile(notice, notice.done):
-                    if helper is None:
-                        model.warmup()
+                    if helper is None:  # (a server warms its batched step itself)
+                        model.warmup(parts=("prompt", "step", "long"))
                     else:  # the screened head here, the layers there
                         # steps op by op until the helper ends (it compiles the one-call step
                         # and the long-context attention after the layers)

@@ -148,7 +148,7 @@ class LoadedModel:
         self.net.head.select(h, [Sampler()])
         self.net.head.reset_stats()
 
-    def warmup(self, parts: Sequence[str] = ("prompt", "step", "long")) -> float:
+    def warmup(self, parts: Sequence[str] = ("prompt", "step", "long", "batch")) -> float:
         """Run every kind of step once on a throw-away cache and return the seconds it took.
 
         ``parts``: "prompt", an 18-token prompt (longer than the rans kernels'
@@ -156,7 +156,9 @@ class LoadedModel:
         step (a batched decode step's kernels); "step", one decode step, also through the
         device's own argmax where there is one, and the head as a token is chosen; "long",
         the cpu backend's attention for contexts past 64 positions, shared among threads
-        (until it is compiled such steps run on one thread, with the same bits). The first
+        (until it is compiled such steps run on one thread, with the same bits); "batch", a
+        decode step of two requests at once (the server's batched step, in one call on the
+        cpu backend: about 18 s to compile on a 2-core AMD EPYC). The first
         run of a kernel compiles it (numba, on the cpu backend, once per machine, then read
         from numba's cache: docs/benchmarks.md, "First run") or builds its pipeline (wgpu).
         Timings taken afterwards measure the model, not the compiler. The numpy backend has
@@ -181,6 +183,9 @@ class LoadedModel:
             plan = getattr(self.net, "_decode_plan", lambda: None)()
             if plan is None:  # steps run layer by layer
                 warm(self.net.kv_type)
+        if "batch" in parts and self.backend.name == "cpu":
+            caches = [self.net.new_cache(2) for _ in range(2)]
+            self.net.decode([Segment([0], c) for c in caches], [Sampler(), Sampler()])
         return time.perf_counter() - t0
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
