@@ -47,11 +47,15 @@ at the same speed cold and hot: it is bound by its arithmetic, not by memory, so
 fewer bytes buys nothing. Counting vector instructions per 64 weight bytes on AVX-512: i2_s's
 256 trits take a load, four masks, four activation loads and four vpdpbusd (13, 0.05 a trit);
 320 base-3 trits take, per digit, two byte adds (times 3), two compares, two masked moves that
-make the digit, an activation load and a vpdpbusd (40 in all, 0.125 a trit), 2.5x as many. Even
-a perfect base-3 kernel would then do i2_s's in-cache rate / 2.5, below what i2_s reaches from
-memory. So the cpu backend holds tq1_0 and iq1_bn matrices whose rows have one scale each as
-2-bit rows at load (0.95x i2_s's decode) instead of running their base-3 bytes, and issue 24's
-target for them, 1.0x i2_s, is out of reach on this hardware.
+make the digit, an activation load and a vpdpbusd (40 in all, 0.125 a trit), 2.5x as many. A
+kernel that takes the digits apart would then run at most at i2_s's in-cache rate / 2.5, below
+what i2_s reaches from memory. So the cpu backend holds tq1_0 and iq1_bn matrices whose rows
+have one scale each as 2-bit rows at load (0.95x i2_s's decode) instead of running their base-3
+bytes. What is left untried is a kernel that never makes digits: a table lookup that gives the
+dot product of three trits with three activations at once (bitnet.cpp's TL2 and T-MAC: a 4-bit
+index and a sign for every three trits, 1.67 bits, vpshufb on tables built per token and group
+of columns), which needs its own layout, repacked at load, and a kernel that walks the matrix
+by columns.
 """
 
 
