@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -36,3 +39,24 @@ def test_revisions_compares_two_trees(tiny_gguf, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:] + p.stdout[-2000:]
     assert "| before |" in p.stdout and "| after |" in p.stdout
     assert "Greedy tokens of every run the same: yes" in p.stdout
+
+
+def test_base3_and_cpu_rate_probes_run_against_the_package():
+    """tools/bench_base3.py's matrices have each layout's shape and its kernels run on them;
+    tools/probe_cpu_rate.py's probes time this build's kernels."""
+    import bench_base3
+    import probe_cpu_rate
+
+    from bitformat.runtime.cpu import kernels as K
+
+    vector, scalar = probe_cpu_rate.probes()
+    assert vector(3) > 0 and scalar(1000) > 0
+    if K.kernel_mode() != "vnni":
+        pytest.skip("bench_base3 compares the vnni build's kernels")
+    rng = np.random.default_rng(3)
+    mats = bench_base3.matrices(6, 512, 2, rng)
+    assert [m.shape for m in mats["i2_s"]] == [(6, 128)] * 2
+    assert [m.shape for m in mats["tq1_0"]] == [(6, 108)] * 2
+    fs = bench_base3.kernels(6, 512, rng)
+    for name, f in fs.items():
+        assert bench_base3.timed(f, mats[name], hot=True, passes=1) > 0
