@@ -1,9 +1,10 @@
 """The vnni build's kernels compiled, not run, for a CPU that has AVX-512 VNNI, VBMI and AMX,
 on a machine that may lack them (the CI machine may: then nothing else here would even
 compile them). A fresh process with numba's target set to Sapphire Rapids and an empty kernel
-cache compiles the mat-vecs of every container with a vnni kernel and the int8 screen; an
-error in their LLVM IR or typing fails here instead of on a user's machine. The one-call decode
-steps are left out: compiled for that target they took more than ten minutes here."""
+cache compiles the mat-vecs of every container with a vnni kernel and the int8 and int6
+screens; an error in their LLVM IR or typing fails here instead of on a user's machine. The
+one-call decode steps are left out: compiled for that target they took more than ten minutes
+here."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ SCRIPT = textwrap.dedent('''
     xq, par = np.zeros((1, 2, 64), np.int8), np.zeros((1, 6))
     lo, bmax = np.zeros((1, 8)), S.block_maxima(8, 1)
     S.screen_vnni.compile(sig(codes, xq, np.ones(8), np.ones(8), np.ones(8), par, lo, lo, bmax))
+    S.screen6_vnni.compile(sig(ro(np.zeros((8, 48), np.uint8)), xq, np.ones(8), np.ones(8),
+                               np.ones(8), par, lo, lo, bmax, np.zeros((1, 8, 2), np.int32)))
     print("compiled")
 ''')
 

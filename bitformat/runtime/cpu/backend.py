@@ -879,7 +879,8 @@ class CpuBackend(Backend):
             kernel = A.screen_amx7 if t.bits == 7 else A.screen_amx
             args = (A.screen_activations(xq), A.screen_config(T)) + args
         elif t.bits == 6:
-            kernel = S.screen6_avx2 if self.kernel in ("avx2", "vnni") else S.screen6_portable
+            kernel = {"vnni": S.screen6_vnni, "avx2": S.screen6_avx2}.get(self.kernel,
+                                                                           S.screen6_portable)
         elif t.bits == 7:
             kernel = S.screen_vbmi7
         elif self.kernel == "avx2":

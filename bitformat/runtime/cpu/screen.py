@@ -286,12 +286,42 @@ def _unpack7(builder, wptr, off):
     return builder.and_(s, ir.Constant(_I8x64, [0x7F] * 64))
 
 
+def _unpack6_halves(builder, wptr, off):
+    """The 64 stored int6 codes of the 48 bytes at ``wptr + off`` (:func:`..head.pack6`) as two
+    <32 x i8>: codes 0..31 (the 32 bytes' low nibbles) and 32..63 (their high nibbles), each
+    with its top two bits from the 16 bytes after them (byte ``a % 16``, bits ``2 (a // 16)``
+    for the low half, ``2 (a // 16) + 4`` for the high one)."""
+    i8x16 = ir.VectorType(ir.IntType(8), 16)
+    i32x32 = ir.VectorType(ir.IntType(32), 32)
+
+    def splat(v):
+        return ir.Constant(_I8x32, [v] * 32)
+
+    nib = builder.load(builder.bitcast(builder.gep(wptr, [off]), _I8x32.as_pointer()), align=1)
+    t16 = builder.load(builder.bitcast(builder.gep(wptr, [builder.add(
+        off, ir.Constant(off.type, 32))]), i8x16.as_pointer()), align=1)
+    top = builder.shuffle_vector(t16, t16, ir.Constant(i32x32, list(range(16)) * 2))
+    t = [builder.and_(builder.lshr(top, splat(2 * i)) if i else top, splat(3)) for i in range(4)]
+    halves = ir.Constant(i32x32, list(range(16)) + list(range(48, 64)))
+    lo_top = builder.shuffle_vector(t[0], t[1], halves)
+    hi_top = builder.shuffle_vector(t[2], t[3], halves)
+    return (builder.or_(builder.and_(nib, splat(15)), builder.shl(lo_top, splat(4))),
+            builder.or_(builder.lshr(nib, splat(4)), builder.shl(hi_top, splat(4))))
+
+
+def _unpack6(builder, wptr, off):
+    """<64 x i8>: :func:`_unpack6_halves`' codes 0..63 in order, for vpdpbusd (u <= 63)."""
+    lo, hi = _unpack6_halves(builder, wptr, off)
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 64),
+                                                      list(range(64))))
+
+
 def _make_screen_dot(bits: int, ntok: int = 1, nrows: int = 1):
     """Intrinsic ``dot(w, w_off, x, x_off, n) -> (D1, D2) * ntok * nrows``: the stored codes
     of ``nrows`` consecutive rows (from byte ``w_off``: n chunks of 64 codes, 64 bytes each for
-    int8, 56 packed for int7) times the int8 ``x[x_off + 2 t width + 64 i]`` (q1 of token t)
-    and ``x[x_off + (2 t + 1) width + 64 i]`` (q2), ``width = 64 n``, for tokens t <
-    ``ntok``; row k's sums first. Exact int32. One code load (int7: and its unpacking) per
+    int8, 56 packed for int7, 48 for int6) times the int8 ``x[x_off + 2 t width + 64 i]`` (q1
+    of token t) and ``x[x_off + (2 t + 1) width + 64 i]`` (q2), ``width = 64 n``, for tokens
+    t < ``ntok``; row k's sums first. Exact int32. One code load (int7, int6: and its unpacking) per
     chunk and row for every token, one activation load per chunk for every row, two vpdpbusd
     per chunk, row and token. ``bits`` 1 (one row, one token): a bit plane (8 bytes a chunk)
     whose set bits select x's bytes (a <64 x i1> mask), summed by vpdpbusd against ones; no
@@ -328,8 +358,9 @@ def _make_screen_dot(bits: int, ntok: int = 1, nrows: int = 1):
                     else:
                         _prefetch(builder, wptr, builder.add(woff, ir.Constant(
                             n.type, SCREEN_PREFETCH)), L2)
-                        codes = (_load64(builder, wptr, woff) if bits == 8
-                                 else _unpack7(builder, wptr, woff))
+                        codes = (_load64(builder, wptr, woff) if bits == 8 else
+                                 _unpack7(builder, wptr, woff) if bits == 7 else
+                                 _unpack6(builder, wptr, woff))
                         wvs.append(builder.bitcast(codes, _I32x16))
                 xo = builder.add(x_off, off)
                 for j in range(2 * ntok):  # q1, q2 of token 0, then of token 1, ...
@@ -359,6 +390,9 @@ _screen_dot7 = _make_screen_dot(7)
 SCREEN_GROUPS = (4, 2, 1)
 _screen_dot_4, _screen_dot_2, _screen_dot_1 = (_make_screen_dot(8, t, 2) for t in SCREEN_GROUPS)
 _screen_dot7_4, _screen_dot7_2, _screen_dot7_1 = (_make_screen_dot(7, t, 2)
+                                                  for t in SCREEN_GROUPS)
+_screen_dot6 = _make_screen_dot(6)
+_screen_dot6_4, _screen_dot6_2, _screen_dot6_1 = (_make_screen_dot(6, t, 2)
                                                   for t in SCREEN_GROUPS)
 _plane_dot = _make_screen_dot(1)  # (B1, B2): x's bytes at the set bits of a bit plane
 
@@ -616,32 +650,17 @@ def _screen_dot6_avx2(typingctx, w, w_off, x, x_off, n):
         xptr = context.make_array(signature.args[2])(context, builder, x_arr).data
         mub, mwd, red = _avx2_functions(builder)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(_I32x8, None)) for _ in range(2)]
-        i8x16 = ir.VectorType(ir.IntType(8), 16)
         ones = ir.Constant(_I16x16, [1] * 16)
         width = builder.mul(n, ir.Constant(n.type, 64))
-
-        def splat(v):
-            return ir.Constant(_I8x32, [v] * 32)
 
         def load(ptr, off, vt):
             return builder.load(builder.bitcast(builder.gep(ptr, [off]), vt.as_pointer()),
                                 align=1)
 
-        i32x32 = ir.VectorType(ir.IntType(32), 32)
-        halves = ir.Constant(i32x32, list(range(16)) + list(range(48, 64)))
-        both = ir.Constant(i32x32, list(range(16)) * 2)
         with cgutils.for_range(builder, n) as loop:
             woff = builder.add(w_off, builder.mul(loop.index, ir.Constant(n.type, 48)))
             _prefetch(builder, wptr, builder.add(woff, ir.Constant(n.type, SCREEN_PREFETCH)), L2)
-            nib = load(wptr, woff, _I8x32)
-            t16 = load(wptr, builder.add(woff, ir.Constant(n.type, 32)), i8x16)
-            top = builder.shuffle_vector(t16, t16, both)
-            t = [builder.and_(builder.lshr(top, splat(2 * i)) if i else top, splat(3))
-                 for i in range(4)]
-            lo_top = builder.shuffle_vector(t[0], t[1], halves)
-            hi_top = builder.shuffle_vector(t[2], t[3], halves)
-            u_lo = builder.or_(builder.and_(nib, splat(15)), builder.shl(lo_top, splat(4)))
-            u_hi = builder.or_(builder.lshr(nib, splat(4)), builder.shl(hi_top, splat(4)))
+            u_lo, u_hi = _unpack6_halves(builder, wptr, woff)
             xo = builder.add(x_off, builder.mul(loop.index, ir.Constant(n.type, 64)))
             for j, acc in enumerate(accs):
                 xj = builder.add(xo, width) if j else xo
@@ -693,6 +712,45 @@ def screen6_avx2(W, XQ, scale, A, N, par, lo, hi, bmax, sums):
                 sums[t, v, 0], sums[t, v, 1] = r[0], r[1]
                 _bounds(v, t, np.int64(r[0]), np.int64(r[1]), 8, 253, scale, A, N, par, lo,
                         hi)
+        _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def screen6_vnni(W, XQ, scale, A, N, par, lo, hi, bmax, sums):
+    """:func:`screen6_avx2` on the vnni build: each 48-byte group unpacked into 64 codes in one
+    zmm, one vpdpbusd per group, token and half of the split hidden state (as the int8 and int7
+    screens); several tokens: two rows at a time, tokens in passes of :data:`SCREEN_GROUPS`.
+    The same integers."""
+    V, nbytes = W.shape
+    T = XQ.shape[0]
+    n = nbytes // 48
+    width = 64 * n
+    xflat = XQ.reshape(-1)
+    for b in prange(bmax.shape[0]):
+        v, v1 = b * SCREEN_BLOCK, min(V, (b + 1) * SCREEN_BLOCK)
+        while v < v1:
+            two = T > 1 and v + 1 < v1
+            t0 = 0
+            while t0 < T:
+                w0, x0, nt = v * nbytes, t0 * 2 * width, min(4, T - t0) if two else 1
+                if nt == 4:
+                    r4 = _screen_dot6_4(W, w0, xflat, x0, n)
+                    _keep(v, t0, r4, 4, 0, 8, 253, scale, A, N, par, lo, hi, sums)
+                    _keep(v + 1, t0, r4, 4, 1, 8, 253, scale, A, N, par, lo, hi, sums)
+                elif nt >= 2:
+                    nt = 2
+                    r2 = _screen_dot6_2(W, w0, xflat, x0, n)
+                    _keep(v, t0, r2, 2, 0, 8, 253, scale, A, N, par, lo, hi, sums)
+                    _keep(v + 1, t0, r2, 2, 1, 8, 253, scale, A, N, par, lo, hi, sums)
+                elif two:
+                    r1 = _screen_dot6_1(W, w0, xflat, x0, n)
+                    _keep(v, t0, r1, 1, 0, 8, 253, scale, A, N, par, lo, hi, sums)
+                    _keep(v + 1, t0, r1, 1, 1, 8, 253, scale, A, N, par, lo, hi, sums)
+                else:
+                    _keep(v, t0, _screen_dot6(W, w0, xflat, x0, n), 1, 0, 8, 253, scale, A, N,
+                          par, lo, hi, sums)
+                t0 += nt
+            v += 2 if two else 1
         _block_max(lo, hi, b * SCREEN_BLOCK, v1, bmax, b)
 
 
