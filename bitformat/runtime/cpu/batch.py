@@ -134,10 +134,14 @@ def _pair(W, r, XG, t0, nt, kind, d):
 
 @njit(inline="always")
 def pair_tokens(W, r, XG, corr, s, ws, kind, out, d):
-    """Rows r, r+1 of ``W`` against every token of ``XG``, tokens in passes of 8, 4, 2 and 1:
-    ``out[t, r + k] = float32(dot - corr[t]) * ws[r + k] / s[t]`` (``d`` int32 [2, 8]
-    scratch)."""
+    """Rows r, r+1 of ``W`` (row r alone where it is the last) against every token of ``XG``,
+    tokens in passes of 8, 4, 2 and 1: ``out[t, r + k] = float32(dot - corr[t]) * ws[r + k] /
+    s[t]`` (``d`` int32 [2, 8] scratch)."""
     T = out.shape[0]
+    if r + 1 == W.shape[0]:
+        for t in range(T):
+            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) * ws[r] / s[t]
+        return
     t0 = 0
     while t0 < T:
         nt = 8 if T - t0 >= 8 else 4 if T - t0 >= 4 else 2 if T - t0 >= 2 else 1
@@ -153,14 +157,8 @@ def pair_tokens(W, r, XG, corr, s, ws, kind, out, d):
 def mm2_vnni_tokens(W, XG, corr, s, ws, kind, out):
     """:func:`.kernels.mm2_vnni` for 2..8 tokens (KIND_I2S, KIND_LOW): two rows at a time, the
     tokens in passes of 8, 4, 2 and 1 (module docstring). Same results to the bit."""
-    rows = W.shape[0]
-    T = out.shape[0]
-    for p in prange(rows // 2):
+    for p in prange((W.shape[0] + 1) // 2):
         pair_tokens(W, 2 * p, XG, corr, s, ws, kind, out, np.empty((2, 8), np.int32))
-    if rows % 2:
-        r = rows - 1
-        for t in range(T):
-            out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) * ws[r] / s[t]
 
 
 # -- LM head --------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from numba import get_num_threads, njit, prange
 from ...graph import NotLowerable, decoder_shape
 from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, amx_tail, block_scratch
 from .batch import pair_tokens
-from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni, _dot2_vnni_pair
+from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
 from .ops import (
     ATTN_CHUNK,
     PART_V,
@@ -597,13 +597,7 @@ def _tokens_matvec(buf, mats, layer, which, q, lane, xg, corr, s, ws, out, sync,
         if p0 >= p1:
             break
         for p in range(p0, p1):
-            r = 2 * p
-            if r + 1 < rows:
-                pair_tokens(W, r, XG, corr, s, wsl, kind, out, d)
-            else:  # an odd last row
-                for t in range(T):
-                    out[t, r] = np.float32(_dot2_vnni(W[r], XG, t, kind) - corr[t]) * wsl[
-                        r] / s[t]
+            pair_tokens(W, 2 * p, XG, corr, s, wsl, kind, out, d)
         finish_run(sync, ph, p1 - p0)
     wait_done(sync, ph, pairs)
 

@@ -383,7 +383,6 @@ def _make_screen_dot(bits: int, ntok: int = 1, nrows: int = 1):
 
 _screen_dot = _make_screen_dot(8)
 _screen_dot7 = _make_screen_dot(7)
-#: tokens per pass of a batched step's screen (a row's codes loaded, and unpacked, once a pass)
 #: tokens per pass of a batched step's screen, two rows at a time (one activation load serves
 #: both rows: 2B-4T's int7 screen of 8 tokens, its integer sums alone, 16.5 ms against 26.6 a
 #: row at a time, AMD EPYC with AVX-512 VBMI, 2 cores)
@@ -457,15 +456,23 @@ def block_maxima(V: int, T: int) -> np.ndarray:
 
 
 @njit(inline="always")
-def _keep(v, t0, r, nt, k, mul, off, scale, A, N, par, lo, hi, sums):
-    """Row v's sums in ``r`` (D1, D2 of tokens t0 .. t0 + nt, after k rows' ``2 nt``) into its
-    bounds and, where ``sums`` has rows, into ``sums``."""
-    for j in range(nt):
-        t = t0 + j
-        d1, d2 = r[2 * (k * nt + j)], r[2 * (k * nt + j) + 1]
-        if sums.shape[0]:
-            sums[t, v, 0], sums[t, v, 1] = d1, d2
-        _bounds(v, t, np.int64(d1), np.int64(d2), mul, off, scale, A, N, par, lo, hi)
+def _keep(v, t0, r, nt, nrows, mul, off, scale, A, N, par, lo, hi, sums):
+    """The sums ``r`` of a screen dot (D1, D2 of tokens t0 .. t0 + nt for rows v .. v + nrows,
+    row by row) into those rows' bounds and, where ``sums`` has rows, into ``sums``."""
+    for k in range(nrows):
+        for j in range(nt):
+            t = t0 + j
+            d1, d2 = r[2 * (k * nt + j)], r[2 * (k * nt + j) + 1]
+            if sums.shape[0]:
+                sums[t, v + k, 0], sums[t, v + k, 1] = d1, d2
+            _bounds(v + k, t, np.int64(d1), np.int64(d2), mul, off, scale, A, N, par, lo, hi)
+
+
+@njit(inline="always")
+def _pass_tokens(T, t0, two):
+    """Tokens the next pass of a batched screen takes from t0: 4, 2 or 1 where it takes two
+    rows (``two``), else 1."""
+    return (4 if T - t0 >= 4 else 2 if T - t0 >= 2 else 1) if two else 1
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -487,22 +494,18 @@ def screen_vnni(W, XQ, scale, A, N, par, lo, hi, bmax):
             two = T > 1 and v + 1 < v1
             t0 = 0
             while t0 < T:
-                w0, x0, nt = v * width, t0 * 2 * width, min(4, T - t0) if two else 1
+                w0, x0, nt = v * width, t0 * 2 * width, _pass_tokens(T, t0, two)
                 if nt == 4:
-                    r4 = _screen_dot_4(W, w0, xflat, x0, n)
-                    _keep(v, t0, r4, 4, 0, 1, 128, scale, A, N, par, lo, hi, none)
-                    _keep(v + 1, t0, r4, 4, 1, 1, 128, scale, A, N, par, lo, hi, none)
-                elif nt >= 2:
-                    nt = 2
-                    r2 = _screen_dot_2(W, w0, xflat, x0, n)
-                    _keep(v, t0, r2, 2, 0, 1, 128, scale, A, N, par, lo, hi, none)
-                    _keep(v + 1, t0, r2, 2, 1, 1, 128, scale, A, N, par, lo, hi, none)
+                    _keep(v, t0, _screen_dot_4(W, w0, xflat, x0, n), 4, 2, 1, 128, scale, A, N,
+                          par, lo, hi, none)
+                elif nt == 2:
+                    _keep(v, t0, _screen_dot_2(W, w0, xflat, x0, n), 2, 2, 1, 128, scale, A, N,
+                          par, lo, hi, none)
                 elif two:
-                    r1 = _screen_dot_1(W, w0, xflat, x0, n)
-                    _keep(v, t0, r1, 1, 0, 1, 128, scale, A, N, par, lo, hi, none)
-                    _keep(v + 1, t0, r1, 1, 1, 1, 128, scale, A, N, par, lo, hi, none)
+                    _keep(v, t0, _screen_dot_1(W, w0, xflat, x0, n), 1, 2, 1, 128, scale, A, N,
+                          par, lo, hi, none)
                 else:
-                    _keep(v, t0, _screen_dot(W, w0, xflat, x0, n), 1, 0, 1, 128, scale, A, N,
+                    _keep(v, t0, _screen_dot(W, w0, xflat, x0, n), 1, 1, 1, 128, scale, A, N,
                           par, lo, hi, none)
                 t0 += nt
             v += 2 if two else 1
@@ -525,22 +528,18 @@ def screen_vbmi7(W, XQ, scale, A, N, par, lo, hi, bmax, sums):
             two = T > 1 and v + 1 < v1
             t0 = 0
             while t0 < T:
-                w0, x0, nt = v * nbytes, t0 * 2 * width, min(4, T - t0) if two else 1
+                w0, x0, nt = v * nbytes, t0 * 2 * width, _pass_tokens(T, t0, two)
                 if nt == 4:
-                    r4 = _screen_dot7_4(W, w0, xflat, x0, n)
-                    _keep(v, t0, r4, 4, 0, 4, 255, scale, A, N, par, lo, hi, sums)
-                    _keep(v + 1, t0, r4, 4, 1, 4, 255, scale, A, N, par, lo, hi, sums)
-                elif nt >= 2:
-                    nt = 2
-                    r2 = _screen_dot7_2(W, w0, xflat, x0, n)
-                    _keep(v, t0, r2, 2, 0, 4, 255, scale, A, N, par, lo, hi, sums)
-                    _keep(v + 1, t0, r2, 2, 1, 4, 255, scale, A, N, par, lo, hi, sums)
+                    _keep(v, t0, _screen_dot7_4(W, w0, xflat, x0, n), 4, 2, 4, 255, scale, A, N,
+                          par, lo, hi, sums)
+                elif nt == 2:
+                    _keep(v, t0, _screen_dot7_2(W, w0, xflat, x0, n), 2, 2, 4, 255, scale, A, N,
+                          par, lo, hi, sums)
                 elif two:
-                    r1 = _screen_dot7_1(W, w0, xflat, x0, n)
-                    _keep(v, t0, r1, 1, 0, 4, 255, scale, A, N, par, lo, hi, sums)
-                    _keep(v + 1, t0, r1, 1, 1, 4, 255, scale, A, N, par, lo, hi, sums)
+                    _keep(v, t0, _screen_dot7_1(W, w0, xflat, x0, n), 1, 2, 4, 255, scale, A, N,
+                          par, lo, hi, sums)
                 else:
-                    _keep(v, t0, _screen_dot7(W, w0, xflat, x0, n), 1, 0, 4, 255, scale, A, N,
+                    _keep(v, t0, _screen_dot7(W, w0, xflat, x0, n), 1, 1, 4, 255, scale, A, N,
                           par, lo, hi, sums)
                 t0 += nt
             v += 2 if two else 1
@@ -732,22 +731,18 @@ def screen6_vnni(W, XQ, scale, A, N, par, lo, hi, bmax, sums):
             two = T > 1 and v + 1 < v1
             t0 = 0
             while t0 < T:
-                w0, x0, nt = v * nbytes, t0 * 2 * width, min(4, T - t0) if two else 1
+                w0, x0, nt = v * nbytes, t0 * 2 * width, _pass_tokens(T, t0, two)
                 if nt == 4:
-                    r4 = _screen_dot6_4(W, w0, xflat, x0, n)
-                    _keep(v, t0, r4, 4, 0, 8, 253, scale, A, N, par, lo, hi, sums)
-                    _keep(v + 1, t0, r4, 4, 1, 8, 253, scale, A, N, par, lo, hi, sums)
-                elif nt >= 2:
-                    nt = 2
-                    r2 = _screen_dot6_2(W, w0, xflat, x0, n)
-                    _keep(v, t0, r2, 2, 0, 8, 253, scale, A, N, par, lo, hi, sums)
-                    _keep(v + 1, t0, r2, 2, 1, 8, 253, scale, A, N, par, lo, hi, sums)
+                    _keep(v, t0, _screen_dot6_4(W, w0, xflat, x0, n), 4, 2, 8, 253, scale, A, N,
+                          par, lo, hi, sums)
+                elif nt == 2:
+                    _keep(v, t0, _screen_dot6_2(W, w0, xflat, x0, n), 2, 2, 8, 253, scale, A, N,
+                          par, lo, hi, sums)
                 elif two:
-                    r1 = _screen_dot6_1(W, w0, xflat, x0, n)
-                    _keep(v, t0, r1, 1, 0, 8, 253, scale, A, N, par, lo, hi, sums)
-                    _keep(v + 1, t0, r1, 1, 1, 8, 253, scale, A, N, par, lo, hi, sums)
+                    _keep(v, t0, _screen_dot6_1(W, w0, xflat, x0, n), 1, 2, 8, 253, scale, A, N,
+                          par, lo, hi, sums)
                 else:
-                    _keep(v, t0, _screen_dot6(W, w0, xflat, x0, n), 1, 0, 8, 253, scale, A, N,
+                    _keep(v, t0, _screen_dot6(W, w0, xflat, x0, n), 1, 1, 8, 253, scale, A, N,
                           par, lo, hi, sums)
                 t0 += nt
             v += 2 if two else 1
