@@ -22,7 +22,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .. import kvquant
-from .kernels import _prefetch
+from .kernels import L2, _prefetch, host_features
 
 
 @njit(cache=True, error_model="numpy")
@@ -361,6 +361,11 @@ def _load8(builder, base, row, i, kind, d):
 #: cache's end it reads nothing). 3,072 f16 positions of 2B-4T, one thread, AMD EPYC: scores
 #: and value mix 1.4x and 2.0x faster with it; 4 and 16 positions ahead measured the same.
 ATTN_PREFETCH = 8
+#: positions ahead whose key rows the scores prefetch into L2 (:func:`_part_scores`), with the
+#: value rows of the position being read. 30 layers of 3,072 f16 positions of 2B-4T (236 MB, out
+#: of cache), AMD EPYC Zen 4: one thread 25.7 -> 18.6 ms a step, two 14.0 -> 11.1 ms (with
+#: :func:`_mix_4xn`); 12 and 48 positions measured the same as 24.
+ATTN_AHEAD = 24
 
 
 def _k_off(builder, base, stride, k):
@@ -422,6 +427,27 @@ def _dots_4x2(typingctx, qr, qo, qs, kc, ko, ks, n8):
     return sig, codegen
 
 
+@intrinsic
+def _prefetch_span(typingctx, a, off, n):
+    """Hint the cache lines of ``a.flat[off : off + n]`` into L2 (a hint only: lines past the
+    array's end are not read)."""
+    sig = types.void(a, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        a_a, off, n = args
+        ptr = context.make_array(signature.args[0])(context, builder, a_a).data
+        size = context.get_abi_sizeof(context.get_data_type(signature.args[0].dtype))
+        i8p = ir.IntType(8).as_pointer()
+        base = builder.bitcast(builder.gep(ptr, [off]), i8p)
+        lines = builder.udiv(builder.add(builder.mul(n, ir.Constant(n.type, size)),
+                                         ir.Constant(n.type, 63)), ir.Constant(n.type, 64))
+        with cgutils.for_range(builder, lines) as loop:
+            _prefetch(builder, base, builder.mul(loop.index, ir.Constant(n.type, 64)), L2)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _score_pairs(qr, kc, c0, scale, p, j, h0, h1, t):
     """Positions t and t + 1 of kv head j against query heads ``h0 .. h1 - 1`` into ``p``
     (:func:`_dots_4x2` four heads at a time where it applies); returns the first head left."""
@@ -449,7 +475,7 @@ def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t):
 
 
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
-def _part_scores(qr, kc, c0, c1, scale, p):
+def _part_scores(qr, kc, vc, c0, c1, scale, p):
     """``p[h, t - c0] = (qr[h] . kc[t, h // G]) * scale`` for c0 <= t < c1, G query heads per
     kv head: the cache is read in its order, two positions at a time for four heads in SIMD
     lanes (:func:`_score_pairs`), what is left one key row at a time for the heads that share
@@ -457,9 +483,14 @@ def _part_scores(qr, kc, c0, c1, scale, p):
     H = qr.shape[0]
     KV = kc.shape[1]
     G = H // KV
+    W = kc.shape[2]
     t = c0
     while t < c1:
         step = 2 if t + 2 <= c1 else 1
+        # into L2: the value rows the mix reads next (:func:`_part_mix`), with their keys,
+        # and the key rows ATTN_AHEAD positions on
+        _prefetch_span(vc, t * KV * W, step * KV * W)
+        _prefetch_span(kc, (t + ATTN_AHEAD) * KV * W, step * KV * W)
         for j in range(KV):
             h = j * G
             if step == 2:
@@ -470,66 +501,83 @@ def _part_scores(qr, kc, c0, c1, scale, p):
         t += step
 
 
+#: 8-lane vectors of a value row that :func:`_mix_4xn` keeps in registers per pass over a run
+#: of positions: four heads times this many accumulators (16 of AVX-512's 32 vector registers;
+#: 8 of AVX2's 16)
+MIX_VECS = 4 if "avx512f" in host_features() else 2
+
+
 @intrinsic
-def _mix_4x2(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, n8):
-    """Four heads' value sums, two positions at once, in 8-lane vectors: for k < 4, r < 2 and
-    i < 8 n8, ``part.flat[po + k ps + i] += p.flat[wo + k ws + r] * value(vc.flat[vo + r vs +
-    i])`` as one fused multiply-add each, position r = 0 first (for float32 and float16
-    caches the order, and so the bits, of one position at a time). ``vc`` float32, float16 as
-    uint16 bits or q8_0 int8 rows; the output rows are loaded and stored once per two
-    positions. LLVM's vectorizer did not manage this shape from a loop: four heads' output
-    rows and two value rows are six pointers it cannot prove apart, and it fell back to one
-    lane at a time."""
+def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d):
+    """Four heads' value sums over ``nt`` positions for one slice of :data:`MIX_VECS` x 8
+    lanes: for k < 4 and i in ``i0 .. i0 + 8 MIX_VECS``, ``part.flat[po + k ps + i] = sum_t
+    p.flat[wo + k ws + t] * value(vc.flat[vo + t vs + i])``, one fused multiply-add per
+    position in position order from 0 (the bits of one position at a time). The sums stay in
+    registers over the whole run, and each position's slice of its value row is loaded once for
+    the four heads; a run's rows were read in pieces of one or two cache lines, so the row
+    :data:`ATTN_PREFETCH` positions on is prefetched. ``vc`` float32, float16 as uint16 bits or
+    q8_0 int8 rows of ``d`` values."""
     kind = _cache_kind(vc.dtype)
+    nv = MIX_VECS
     sig = types.void(part, types.intp, types.intp, vc, types.intp, types.intp, p, types.intp,
-                     types.intp, types.intp)
+                     types.intp, types.intp, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
-        part_a, po, ps, vc_a, vo, vs, p_a, wo, ws, n8 = args
+        part_a, po, ps, vc_a, vo, vs, p_a, wo, ws, nt, i0, d = args
         pptr = context.make_array(signature.args[0])(context, builder, part_a).data
         vptr = context.make_array(signature.args[3])(context, builder, vc_a).data
         wptr = context.make_array(signature.args[6])(context, builder, p_a).data
         fma = _fma8(builder)
-        w = [[_splat8(builder, builder.load(builder.gep(wptr, [builder.add(
-            _k_off(builder, wo, ws, k), ir.Constant(wo.type, r))]))) for r in range(2)]
-             for k in range(4)]
-        d = builder.mul(n8, ir.Constant(n8.type, 8))
-        with cgutils.for_range(builder, n8) as loop:
-            i = builder.mul(loop.index, ir.Constant(n8.type, 8))
-            vals = _two_rows8(builder, vptr, vo, vs, i, kind, d)
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8))
+                 for _ in range(nv)] for _ in range(4)]
+        line = 64 // ({"f32": 4, "f16": 2}.get(kind, 1))  # values per cache line
+        with cgutils.for_range(builder, nt) as loop:
+            t = loop.index
+            row = builder.add(vo, builder.mul(t, vs))
+            ahead = _k_off(builder, row, vs, ATTN_PREFETCH)
+            for v in range(0, 8 * nv, line):
+                _prefetch(builder, vptr, builder.add(ahead, builder.add(
+                    i0, ir.Constant(i0.type, v))))
+            vals = [_load8(builder, vptr, row, builder.add(i0, ir.Constant(i0.type, 8 * v)),
+                           kind, d) for v in range(nv)]
             for k in range(4):
-                row = _k_off(builder, po, ps, k)
-                at = builder.bitcast(builder.gep(pptr, [builder.add(row, i)]),
-                                     _F32x8.as_pointer())
-                acc = builder.load(at, align=4)
-                for r in range(2):
-                    acc = builder.call(fma, [w[k][r], vals[r], acc])
-                builder.store(acc, at, align=4)
+                w = _splat8(builder, builder.load(builder.gep(
+                    wptr, [builder.add(_k_off(builder, wo, ws, k), t)])))
+                for v in range(nv):
+                    acc = accs[k][v]
+                    builder.store(builder.call(fma, [w, vals[v], builder.load(acc)]), acc)
+        for k in range(4):
+            row = builder.add(_k_off(builder, po, ps, k), i0)
+            for v in range(nv):
+                at = builder.gep(pptr, [builder.add(row, ir.Constant(row.type, 8 * v))])
+                builder.store(builder.load(accs[k][v]),
+                              builder.bitcast(at, _F32x8.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
-def _mix_pairs(p, vc, c0, part, j, h0, h1, t):
-    """Positions t and t + 1 of kv head j into the sums of query heads ``h0 .. h1 - 1``
-    (:func:`_mix_4x2` four heads at a time where it applies); returns the first head left."""
+def _mix_heads(p, vc, c0, c1, part, j, h0, h1):
+    """Positions ``c0 .. c1 - 1`` of kv head j into the sums of query heads ``h0 .. h1 - 1``
+    (:func:`_mix_4xn` four heads at a time where it applies); returns the first head left."""
 
 
-@overload(_mix_pairs, inline="always")
-def _ol_mix_pairs(p, vc, c0, part, j, h0, h1, t):
+@overload(_mix_heads, inline="always")
+def _ol_mix_heads(p, vc, c0, c1, part, j, h0, h1):
     if any(a.layout != "C" for a in (p, vc, part)):
         # arrays not known to be contiguous: one head and position at a time
-        return lambda p, vc, c0, part, j, h0, h1, t: h0
+        return lambda p, vc, c0, c1, part, j, h0, h1: h0
 
-    def impl(p, vc, c0, part, j, h0, h1, t):
+    def impl(p, vc, c0, c1, part, j, h0, h1):
         d = part.shape[1] - PART_V
-        if d % 8:
+        if d % (8 * MIX_VECS):
             return h0
         KV, W = vc.shape[1], vc.shape[2]
         h = h0
         while h + 4 <= h1:  # offsets into the C-contiguous arrays
-            _mix_4x2(part, h * part.shape[1] + PART_V, part.shape[1], vc, (t * KV + j) * W,
-                     KV * W, p, h * p.shape[1] + t - c0, p.shape[1], d // 8)
+            for i0 in range(0, d, 8 * MIX_VECS):
+                _mix_4xn(part, h * part.shape[1] + PART_V, part.shape[1], vc, (c0 * KV + j) * W,
+                         KV * W, p, h * p.shape[1], p.shape[1], c1 - c0, i0, d)
             h += 4
         return h
     return impl
@@ -537,27 +585,20 @@ def _ol_mix_pairs(p, vc, c0, part, j, h0, h1, t):
 
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
 def _part_mix(p, vc, c0, c1, part):
-    """``part[h, PART_V:] = sum_t p[h, t - c0] * vc[t, h // G]``, the values read in order:
-    two positions at a time for four heads of a kv head in SIMD lanes (:func:`_mix_pairs`),
-    what is left one head and position at a time (each head's sum in position order)."""
+    """``part[h, PART_V:] = sum_t p[h, t - c0] * vc[t, h // G]``, each sum in position order:
+    four heads of a kv head at a time with the sums in SIMD registers (:func:`_mix_heads`),
+    other heads one position at a time."""
     H = part.shape[0]
     d = part.shape[1] - PART_V
     KV = vc.shape[1]
     G = H // KV
-    for h in range(H):
-        for i in range(d):
-            part[h, PART_V + i] = 0.0
-    t = c0
-    while t + 2 <= c1:
-        for j in range(KV):
-            h = _mix_pairs(p, vc, c0, part, j, j * G, (j + 1) * G, t)
-            for u in range(t, t + 2):
-                for g in range(h, (j + 1) * G):
-                    _row_axpy(p[g, u - c0], vc[u, j], part, g, PART_V)
-        t += 2
-    if t < c1:
-        for h in range(H):
-            _row_axpy(p[h, t - c0], vc[t, h // G], part, h, PART_V)
+    for j in range(KV):
+        h = _mix_heads(p, vc, c0, c1, part, j, j * G, (j + 1) * G)
+        for g in range(h, (j + 1) * G):
+            for i in range(d):
+                part[g, PART_V + i] = 0.0
+            for t in range(c0, c1):
+                _row_axpy(p[g, t - c0], vc[t, j], part, g, PART_V)
 
 
 @intrinsic
@@ -626,7 +667,7 @@ def _part(qr, kc, vc, c0, c1, scale, part):
     Qwen3 model's int8 activations across rounding ties: tests/test_bonsai.py)."""
     H = qr.shape[0]
     p = np.empty((H, c1 - c0), np.float32)
-    _part_scores(qr, kc, c0, c1, scale, p)
+    _part_scores(qr, kc, vc, c0, c1, scale, p)
     _part_softmax(p, c1 - c0, part)
     _part_mix(p, vc, c0, c1, part)
 
