@@ -161,7 +161,8 @@ def test_attend_one_same_bits_on_any_threads(pos):
         for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(threads)
             out = np.empty(heads * d, np.float32)
-            ops.attend_one_split(q, k, v, cos, sin, kc, vc, pos, out)
+            ops.attend_split(q[None], k[None], v[None], cos[None], sin[None], kc, vc, pos,
+                             out[None])
             outs.append(out)
     finally:
         numba.set_num_threads(before)
@@ -218,6 +219,38 @@ def test_attend_rows_same_bits_as_attend_one(kind):
         np.testing.assert_array_equal(out[t], want, err_msg=f"token {t}")
         np.testing.assert_array_equal(kc, kb, err_msg=f"k cache of token {t}")
         np.testing.assert_array_equal(vc, vb, err_msg=f"v cache of token {t}")
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("start,T", [(0, 5), (0, 64), (100, 7), (120, 64)])
+def test_attend_prompt_same_bits_as_decoding_each_token(kind, start, T):
+    """A prompt's chunk in one call gives each token the bits attend_one gives it decoded on
+    its own, one after the other (every cache type; chunks that start at 0 and past a run of
+    positions, odd and even token counts), writes the same cache rows, and touches no row past
+    the chunk."""
+    from bitformat.runtime import kvquant
+
+    rng = np.random.default_rng(5)
+    heads, kv, d, n = 8, 2, 32, 200
+    c = np.zeros((2, n, kv, kvquant.row_width(kind, d)), kvquant.storage_dtype(kind))
+    kvquant.store(c.reshape((-1,) + c.shape[2:]), 0,
+                  rng.standard_normal((2 * n, kv, d)).astype(np.float32))
+    kc, vc = ops.kernel_cache(c[0]), ops.kernel_cache(c[1])
+    kb, vb = kc.copy(), vc.copy()
+    q = rng.standard_normal((T, heads, d)).astype(np.float32)
+    k = rng.standard_normal((T, kv, d)).astype(np.float32)
+    v = rng.standard_normal((T, kv, d)).astype(np.float32)
+    inv = 1.0 / 500000.0 ** (np.arange(0, d, 2) / d)
+    ang = ((start + np.arange(T))[:, None] * inv).astype(np.float32)
+    cos, sin = np.cos(ang), np.sin(ang)
+    out = np.full((T, heads * d), np.nan, np.float32)
+    ops.attend_split(q, k, v, cos, sin, kc, vc, start, out)
+    for t in range(T):
+        want = np.empty(heads * d, np.float32)
+        ops.attend_one(q[t], k[t], v[t], cos[t], sin[t], kb, vb, start + t, want)
+        np.testing.assert_array_equal(out[t], want, err_msg=f"token {t}")
+    np.testing.assert_array_equal(kc, kb)
+    np.testing.assert_array_equal(vc, vb)
 
 
 @pytest.mark.parametrize("fid", FORMAT_IDS)

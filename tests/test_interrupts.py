@@ -134,7 +134,7 @@ def test_a_cold_start_compiles_in_two_processes(tiny_gguf, tmp_path):
         # the helper compiled the one-call step (where this build has one: the first
         # process steps op by op until then) or the long-context attention after the first
         # output, and the command waited for it, so the next run finds every kernel
-        later = "decode._decode_row" if kernel_mode() == "vnni" else "attend_one_split"
+        later = "decode._decode_row" if kernel_mode() == "vnni" else "attend_split"
         assert list(cache.rglob(f"*{later}*.nbi")), sorted(
             p.name for p in cache.rglob("*.nbi"))
     assert logs["1"][0] == logs["0"][0]

@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from ...codecs import rans_decode as RD
 from ...codecs import rans_rows as RR
@@ -226,7 +225,6 @@ class CpuBackend(Backend):
         self.amx = vnni and A.available()
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
-        self._blas = ThreadpoolController()
         #: bytes held of the matrices held as stfma rows (:data:`ONE_SCALE_ROWS`), by name
         self._held: dict[str, int] = {}
         self._arena = WeightArena(sum(-(-n // WeightArena.ALIGN) * WeightArena.ALIGN
@@ -506,28 +504,24 @@ class CpuBackend(Backend):
         return QuantizedActivations(q, s)
 
     def attend(self, q, k, v, kc, vc, start, cos, sin):
-        """One token: :func:`.ops.attend_one` (:func:`.ops.attend_one_split`, among threads,
-        past one run of positions once :meth:`warm_attention` compiled it). A prompt: the
-        numpy attention of
-        :meth:`.Backend.attend` (BLAS matrix products), with BLAS held to this thread. Left to
-        its own threads, OpenBLAS keeps them spinning for a while after each call, on the cores
-        the numba kernels run on next: a 64-token prompt of 2B-4T took 1.9 s that way, 0.7 s
-        without."""
-        if q.shape[0] > 1:
-            with self._blas.limit(limits=1, user_api="blas"):
-                return super().attend(q, k, v, kc, vc, start, cos, sin)
-        out = np.empty((1, q.shape[1] * q.shape[2]), np.float32)
+        """One token: :func:`.ops.attend_one` (:func:`.ops.attend_split`, among threads, past
+        one run of positions once :meth:`warm_attention` compiled it). A prompt's chunk:
+        :func:`.ops.attend_split`, each token as :func:`.ops.attend_one` takes it, the tokens
+        among threads."""
+        out = np.empty((q.shape[0], q.shape[1] * q.shape[2]), np.float32)
         kc, vc = ops.kernel_cache(kc), ops.kernel_cache(vc)
-        nch = ops.attn_chunks(start + 1)
-        if nch > 1 and self.split_attention:  # runs of positions among threads (same bits)
-            self._call(ops.attend_one_split, nch * ops.ATTN_CHUNK * kc[0].nbytes * 2, q[0],
-                       k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
+        q, k, v = (np.ascontiguousarray(a, np.float32) for a in (q, k, v))  # one compiled type
+        if q.shape[0] > 1 or (ops.attn_chunks(start + 1) > 1 and self.split_attention):
+            # (the thread picker's key: the positions reached, to a power of two)
+            reach = 1 << int(start + q.shape[0] - 1).bit_length()
+            self._call(ops.attend_split, reach * kc[0].nbytes * 2, q, k, v, cos, sin, kc, vc,
+                       start, out)
         else:
             ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
         return out
 
     #: whether one-token attention past :data:`.ops.ATTN_CHUNK` positions is shared among
-    #: threads (:func:`.ops.attend_one_split`); set once :meth:`warm_attention` compiled it.
+    #: threads (:func:`.ops.attend_split`); set once :meth:`warm_attention` compiled it.
     #: Until then it runs on one thread, with the same bits, so a long generation never stops
     #: to compile it (on an empty kernel cache the compile helper process compiles it).
     split_attention = False

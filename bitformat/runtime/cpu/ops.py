@@ -740,20 +740,39 @@ def attend_one(q, k, v, cos, sin, kc, vc, pos, out):
 
 
 @njit(cache=True, parallel=True, nogil=True, error_model="numpy")
-def attend_one_split(q, k, v, cos, sin, kc, vc, pos, out):
-    """:func:`attend_one` with the runs of positions' partials shared among threads, then
-    merged: the same bits, for contexts past one run (``out`` [H * d])."""
-    _store_kv(k, v, cos, sin, kc, vc, pos)
-    H, d = q.shape
-    qr = np.empty((H, d), np.float32)
-    _rope_heads(q, cos, sin, qr)
-    scale = np.float32(1.0 / math.sqrt(d))
-    n = pos + 1
-    nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
-    parts = np.empty((nch, H, d + PART_V), np.float32)
-    for c in prange(nch):
-        _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c])
-    _merge(parts, nch, out)
+def attend_split(q, k, v, cos, sin, kc, vc, start, out):
+    """T tokens of one sequence at positions ``start ..`` in one call, among threads: every
+    token's k and v stored, then each token's attention over positions 0 .. its own with
+    :func:`attend_one`'s bits. One token (a decode step past one run of positions): its runs'
+    partials shared among threads, then merged. Several (a prompt's chunk): the tokens shared
+    among threads, each as :func:`attend_one` takes it. ``q`` [T, H, d], ``k``/``v`` [T, KV,
+    d], ``cos``/``sin`` [T, d/2], ``out`` [T, H * d].
+
+    For prompts this replaced numpy's matrix products (:func:`..backend.attention`, on one
+    thread), which computed a score for every position and masked the future ones after: a
+    64-token chunk of 2B-4T at 3,008 positions took 1.34 s over 30 layers that way, 0.50 s
+    here (AMD EPYC, 2 cores)."""
+    T, H, d = q.shape
+    for t in range(T):
+        _store_kv(k[t], v[t], cos[t], sin[t], kc, vc, start + t)
+    if T == 1:
+        qr = np.empty((H, d), np.float32)
+        _rope_heads(q[0], cos[0], sin[0], qr)
+        scale = np.float32(1.0 / math.sqrt(d))
+        n = start + 1
+        nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
+        parts = np.empty((nch, H, d + PART_V), np.float32)
+        for c in prange(nch):
+            _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c])
+        _merge(parts, nch, out[0])
+        return
+    for i in prange(T):
+        # a cheap (early) and a dear (late) token in turn: the threads' shares of a causal
+        # chunk weigh the same
+        t = i // 2 if i % 2 == 0 else T - 1 - i // 2
+        qr = np.empty((H, d), np.float32)
+        _rope_heads(q[t], cos[t], sin[t], qr)
+        _attend(qr, kc, vc, start + t + 1, out[t])
 
 
 def kernel_cache(cache: np.ndarray) -> np.ndarray:
@@ -779,7 +798,7 @@ def warm_attention(kv_type: str = "f32", split: bool = False) -> None:
     out = np.empty((1, H * d), np.float32)
     attend_one(q[0], k[0], k[0], cos[0], sin[0], kc, vc, n - 1, out[0])
     if split:
-        attend_one_split(q[0], k[0], k[0], cos[0], sin[0], kc, vc, n - 1, out[0])
+        attend_split(q, k, k, cos, sin, kc, vc, n - 1, out)
 
 
 @intrinsic
