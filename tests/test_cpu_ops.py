@@ -222,6 +222,30 @@ def test_attend_rows_same_bits_as_attend_one(kind):
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+def test_scores_four_keys_at_once_same_bits_as_two(kind):
+    """The scores of four positions at a time (AVX-512 builds) sum in the same tree as those of
+    two: six equal keys, read as a pass of four then one of two, give six equal scores per head
+    (and close to float64's)."""
+    from bitformat.runtime import kvquant
+
+    rng = np.random.default_rng(2)
+    heads, kv, d = 8, 2, 64
+    row = rng.standard_normal((1, kv, d)).astype(np.float32)
+    c = np.zeros((6, kv, kvquant.row_width(kind, d)), kvquant.storage_dtype(kind))
+    kvquant.store(c, 0, np.repeat(row, 6, axis=0))
+    kc = ops.kernel_cache(c)
+    q = rng.standard_normal((heads, d)).astype(np.float32)
+    p = np.full((heads, 6), np.nan, np.float32)
+    scale = np.float32(1 / np.sqrt(d))
+    ops._part_scores(q, kc, kc, 0, 6, scale, p)
+    for t in range(1, 6):
+        np.testing.assert_array_equal(p[:, t], p[:, 0], err_msg=f"position {t}")
+    keys = kvquant.load(c, 1, d)[0].astype(np.float64)
+    want = np.array([q[h].astype(np.float64) @ keys[h // (heads // kv)] for h in range(heads)])
+    np.testing.assert_allclose(p[:, 0], want * scale, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("start,T", [(0, 5), (0, 64), (100, 7), (120, 64)])
 def test_attend_prompt_same_bits_as_decoding_each_token(kind, start, T):
     """A prompt's chunk in one call gives each token the bits attend_one gives it decoded on

@@ -448,27 +448,101 @@ def _prefetch_span(typingctx, a, off, n):
     return sig, codegen
 
 
-def _score_pairs(qr, kc, c0, scale, p, j, h0, h1, t):
-    """Positions t and t + 1 of kv head j against query heads ``h0 .. h1 - 1`` into ``p``
-    (:func:`_dots_4x2` four heads at a time where it applies); returns the first head left."""
+def _lanes_sum8(builder, vecs):
+    """The lane sums of eight 8-lane vectors as one vector (lane j: the sum of ``vecs[j]``),
+    each summed in :func:`_dots_4x2`'s tree (lanes (0..3) + (4..7), then (0, 1) + (2, 3),
+    then 0 + 1), so the bits are the same; the trees of eight vectors are taken together,
+    seven adds where one at a time took 24 adds and 24 shuffles."""
+    i32 = ir.IntType(32)
+
+    def pair(a, b, lo, hi):
+        return builder.fadd(builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, 8), lo)),
+                            builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, 8), hi)))
+
+    x = [pair(vecs[2 * m], vecs[2 * m + 1], [0, 1, 2, 3, 8, 9, 10, 11],
+              [4, 5, 6, 7, 12, 13, 14, 15]) for m in range(4)]
+    y = [pair(x[2 * m], x[2 * m + 1], [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])
+         for m in range(2)]
+    return pair(y[0], y[1], [0, 2, 4, 6, 8, 10, 12, 14], [1, 3, 5, 7, 9, 11, 13, 15])
+
+
+#: whether the scores take four positions at a time (:func:`_dots_4x4`: 16 accumulators and
+#: four key rows in registers, which AVX-512's 32 vector registers hold and AVX2's 16 do not)
+SCORE_QUADS = "avx512f" in host_features()
+
+
+@intrinsic
+def _dots_4x4(typingctx, qr, qo, qs, kc, ko, ks, n8, p, po, ps, scale):
+    """:func:`_dots_4x2` for four cached keys: for k < 4 and r < 4, ``p.flat[po + k ps + r] =
+    (sum_i qr.flat[qo + k qs + i] * value(kc.flat[ko + r ks + i])) * scale`` over i < 8 n8,
+    each sum in 8 lanes of fused multiply-adds and the lanes added in :func:`_dots_4x2`'s tree
+    (:func:`_lanes_sum8`): the same bits. A query vector loaded serves four keys, where two
+    left the loads, not the multiply-adds, as the limit."""
+    kind = _cache_kind(kc.dtype)
+    sig = types.void(qr, types.intp, types.intp, kc, types.intp, types.intp, types.intp, p,
+                     types.intp, types.intp, types.float32)
+
+    def codegen(context, builder, signature, args):
+        q_a, qo, qs, k_a, ko, ks, n8, p_a, po, ps, scale = args
+        qptr = context.make_array(signature.args[0])(context, builder, q_a).data
+        kptr = context.make_array(signature.args[3])(context, builder, k_a).data
+        pptr = context.make_array(signature.args[7])(context, builder, p_a).data
+        fma = _fma8(builder)
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8))
+                 for _ in range(4)] for _ in range(4)]
+        d = builder.mul(n8, ir.Constant(n8.type, 8))
+        with cgutils.for_range(builder, n8) as loop:
+            i = builder.mul(loop.index, ir.Constant(n8.type, 8))
+            keys = _two_rows8(builder, kptr, ko, ks, i, kind, d) + _two_rows8(
+                builder, kptr, _k_off(builder, ko, ks, 2), ks, i, kind, d)
+            for k in range(4):
+                qv = _load8(builder, qptr, _k_off(builder, qo, qs, k), i, "f32", d)
+                for r in range(4):
+                    acc = accs[k][r]
+                    builder.store(builder.call(fma, [qv, keys[r], builder.load(acc)]), acc)
+        i32 = ir.IntType(32)
+        f32x4 = ir.VectorType(ir.FloatType(), 4)
+        for g in range(2):  # heads 2g and 2g + 1: four positions each
+            z = _lanes_sum8(builder, [builder.load(accs[2 * g + e][r])
+                                      for e in range(2) for r in range(4)])
+            z = builder.fmul(z, _splat8(builder, scale))
+            for e in range(2):
+                part = builder.shuffle_vector(z, z, ir.Constant(ir.VectorType(i32, 4),
+                                                                list(range(4 * e, 4 * e + 4))))
+                at = builder.gep(pptr, [builder.add(po, builder.mul(
+                    ps, ir.Constant(ps.type, 2 * g + e)))])
+                builder.store(part, builder.bitcast(at, f32x4.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _score_pairs(qr, kc, c0, scale, p, j, h0, h1, t, step):
+    """Positions t .. t + step - 1 (step 2, or 4 where :data:`SCORE_QUADS`) of kv head j
+    against query heads ``h0 .. h1 - 1`` into ``p`` (:func:`_dots_4x2`, :func:`_dots_4x4`,
+    four heads at a time where it applies); returns the first head left."""
 
 
 @overload(_score_pairs, inline="always")
-def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t):
-    if any(a.layout != "C" for a in (qr, kc)):  # not known to be contiguous: _group_dots
-        return lambda qr, kc, c0, scale, p, j, h0, h1, t: h0
+def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t, step):
+    if any(a.layout != "C" for a in (qr, kc, p)):  # not known to be contiguous: _group_dots
+        return lambda qr, kc, c0, scale, p, j, h0, h1, t, step: h0
 
-    def impl(qr, kc, c0, scale, p, j, h0, h1, t):
+    def impl(qr, kc, c0, scale, p, j, h0, h1, t, step):
         d = qr.shape[1]
         if d % 8:
             return h0
         KV, W = kc.shape[1], kc.shape[2]
         h = h0
         while h + 4 <= h1:  # offsets into the C-contiguous arrays
-            s = _dots_4x2(qr, h * d, d, kc, (t * KV + j) * W, KV * W, d // 8)
-            for k in range(4):
-                p[h + k, t - c0] = s[2 * k] * scale
-                p[h + k, t + 1 - c0] = s[2 * k + 1] * scale
+            if step == 4:
+                _dots_4x4(qr, h * d, d, kc, (t * KV + j) * W, KV * W, d // 8, p,
+                          h * p.shape[1] + t - c0, p.shape[1], scale)
+            else:
+                s = _dots_4x2(qr, h * d, d, kc, (t * KV + j) * W, KV * W, d // 8)
+                for k in range(4):
+                    p[h + k, t - c0] = s[2 * k] * scale
+                    p[h + k, t + 1 - c0] = s[2 * k + 1] * scale
             h += 4
         return h
     return impl
@@ -477,24 +551,24 @@ def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t):
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
 def _part_scores(qr, kc, vc, c0, c1, scale, p):
     """``p[h, t - c0] = (qr[h] . kc[t, h // G]) * scale`` for c0 <= t < c1, G query heads per
-    kv head: the cache is read in its order, two positions at a time for four heads in SIMD
-    lanes (:func:`_score_pairs`), what is left one key row at a time for the heads that share
-    it (:func:`_group_dots`)."""
+    kv head: the cache is read in its order, four positions (AVX-512) or two at a time for four
+    heads in SIMD lanes (:func:`_score_pairs`), what is left one key row at a time for the
+    heads that share it (:func:`_group_dots`)."""
     H = qr.shape[0]
     KV = kc.shape[1]
     G = H // KV
     W = kc.shape[2]
     t = c0
     while t < c1:
-        step = 2 if t + 2 <= c1 else 1
+        step = 4 if SCORE_QUADS and t + 4 <= c1 else 2 if t + 2 <= c1 else 1
         # into L2: the value rows the mix reads next (:func:`_part_mix`), with their keys,
         # and the key rows ATTN_AHEAD positions on
         _prefetch_span(vc, t * KV * W, step * KV * W)
         _prefetch_span(kc, (t + ATTN_AHEAD) * KV * W, step * KV * W)
         for j in range(KV):
             h = j * G
-            if step == 2:
-                h = _score_pairs(qr, kc, c0, scale, p, j, h, (j + 1) * G, t)
+            if step > 1:
+                h = _score_pairs(qr, kc, c0, scale, p, j, h, (j + 1) * G, t, step)
             if h < (j + 1) * G:  # one call site: each inlined copy of it is a compile
                 for u in range(t, t + step):
                     _group_dots(qr, h, (j + 1) * G, kc[u, j], scale, p, u - c0)
