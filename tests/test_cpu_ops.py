@@ -277,6 +277,33 @@ def test_attend_prompt_same_bits_as_decoding_each_token(kind, start, T):
     np.testing.assert_array_equal(vc, vb)
 
 
+def test_prompt_attention_same_bits_before_and_after_the_split_kernel(cpu_models):
+    """A prompt's chunk on the cpu backend gives the same bits and cache rows a token at a
+    time on this thread (what a first run does until the split kernel is compiled) and among
+    threads (:func:`ops.attend_split`, after ``warm_attention``), past one run of positions."""
+    import copy
+
+    be = copy.copy(cpu_models["i2_s"].backend)  # its own split_attention flag
+    rng = np.random.default_rng(8)
+    T, heads, kv, d, start = 9, 8, 2, 32, 70
+    q = rng.standard_normal((T, heads, d)).astype(np.float32)
+    k = rng.standard_normal((T, kv, d)).astype(np.float32)
+    v = rng.standard_normal((T, kv, d)).astype(np.float32)
+    ang = rng.uniform(0, 6, (T, d // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    c = rng.standard_normal((2, start + T, kv, d)).astype(np.float16)
+    caches = np.stack([c, c])  # the same k and v caches twice
+    outs = []
+    for split in (False, True):
+        if split:
+            be.warm_attention("f16")
+        assert be.split_attention == split
+        kc, vc = caches[int(split)]
+        outs.append(be.attend(q, k, v, kc, vc, start, cos, sin))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(caches[0], caches[1])
+
+
 @pytest.mark.parametrize("fid", FORMAT_IDS)
 def test_stacked_projections_equal_separate(cpu_models, fid):
     lm = cpu_models[fid]

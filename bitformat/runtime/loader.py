@@ -155,8 +155,9 @@ class LoadedModel:
         one-token-at-a-time limit and the cpu backend's batch kernels' 16 rows) and a 2-token
         step (a batched decode step's kernels); "step", one decode step, also through the
         device's own argmax where there is one, and the head as a token is chosen; "long",
-        the cpu backend's attention for contexts past 64 positions, shared among threads
-        (until it is compiled such steps run on one thread, with the same bits); "batch", a
+        the cpu backend's attention shared among threads, for prompts and for steps past 64
+        positions (until it is compiled they run a token at a time on one thread, with the
+        same bits); "batch", a
         decode step of two requests at once (the server's batched step, in one call on the
         cpu backend: about 18 s to compile on a 2-core AMD EPYC). The first
         run of a kernel compiles it (numba, on the cpu backend, once per machine, then read
@@ -180,9 +181,7 @@ class LoadedModel:
             self.net.decode([Segment(prompt[:1], cache)], [Sampler()])
         warm = self.backend.warm_attention
         if "long" in parts and warm is not None:
-            plan = getattr(self.net, "_decode_plan", lambda: None)()
-            if plan is None:  # steps run layer by layer
-                warm(self.net.kv_type)
+            warm(self.net.kv_type)
         if "batch" in parts and self.backend.name == "cpu":
             caches = [self.net.new_cache(2) for _ in range(2)]
             self.net.decode([Segment([0], c) for c in caches], [Sampler(), Sampler()])

@@ -108,7 +108,8 @@ def _run_variants(backend: str, names: list[str] | None,
                   done: Callable[[WarmupStep], None] | None = None,
                   batch: bool = True) -> list[WarmupStep]:
     """:meth:`~.loader.LoadedModel.warmup` of each variant ``names`` (default all); the
-    batched step (the same kernels for every container) with the first, where ``batch``."""
+    split attention and the batched step (the same kernels for every container) with the
+    first, where ``batch``."""
     from ..container import convert
     from ..synth import synth
     from .loader import load
@@ -132,8 +133,10 @@ def _run_variants(backend: str, names: list[str] | None,
                 elif fid != "i2_s" and not path.exists():
                     convert(base, path, fid)
                 with load(path, backend=backend, **extra) as m:
-                    m.warmup(parts=("prompt", "step", "long") + (("batch",) if batch and i == 0
-                                                                 else ()))
+                    # the split attention and the batched step: the same kernels for every
+                    # container, once
+                    m.warmup(parts=("prompt", "step") + (("long", "batch") if batch and i == 0
+                                                         else ()))
             steps.append(WarmupStep(what, time.perf_counter() - t0, len(heard)))
             if done is not None:
                 done(steps[-1])
@@ -150,9 +153,8 @@ def warm_up_all(backend: str = "cpu",
     embedding, and runs :meth:`~.loader.LoadedModel.warmup` on each on ``backend``.
     ``progress(what, index, total)`` is called before each step. With two or more cores
     (``processes``, default the CPU count, at most 2) a second process runs the rans variants
-    (:data:`SECOND`) and the batched step meanwhile; numba's cache on disk holds what both
-    compiled. Times:
-    docs/benchmarks.md, "First run".
+    (:data:`SECOND`), the split attention and the batched step meanwhile; numba's cache on
+    disk holds what both compiled. Times: docs/benchmarks.md, "First run".
     """
     n = min(2, processes or os.cpu_count() or 1)
     helper = None

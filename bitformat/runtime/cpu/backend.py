@@ -504,31 +504,33 @@ class CpuBackend(Backend):
         return QuantizedActivations(q, s)
 
     def attend(self, q, k, v, kc, vc, start, cos, sin):
-        """One token: :func:`.ops.attend_one` (:func:`.ops.attend_split`, among threads, past
-        one run of positions once :meth:`warm_attention` compiled it). A prompt's chunk:
-        :func:`.ops.attend_split`, each token as :func:`.ops.attend_one` takes it, the tokens
-        among threads."""
-        out = np.empty((q.shape[0], q.shape[1] * q.shape[2]), np.float32)
+        """Once :meth:`warm_attention` compiled it, :func:`.ops.attend_split` among threads: a
+        prompt's chunk a token per thread, one token past one run of positions its runs. Else
+        (and for one token within a run) :func:`.ops.attend_one` a token at a time on this
+        thread: the same bits, so a first run never waits for the split kernel to compile (on
+        an empty kernel cache the compile helper process compiles it)."""
+        T = q.shape[0]
+        out = np.empty((T, q.shape[1] * q.shape[2]), np.float32)
         kc, vc = ops.kernel_cache(kc), ops.kernel_cache(vc)
         q, k, v = (np.ascontiguousarray(a, np.float32) for a in (q, k, v))  # one compiled type
-        if q.shape[0] > 1 or (ops.attn_chunks(start + 1) > 1 and self.split_attention):
+        if self.split_attention and (T > 1 or ops.attn_chunks(start + 1) > 1):
             # (the thread picker's key: the positions reached, to a power of two)
-            reach = 1 << int(start + q.shape[0] - 1).bit_length()
+            reach = 1 << int(start + T - 1).bit_length()
             self._call(ops.attend_split, reach * kc[0].nbytes * 2, q, k, v, cos, sin, kc, vc,
                        start, out)
         else:
-            ops.attend_one(q[0], k[0], v[0], cos[0], sin[0], kc, vc, start, out[0])
+            for t in range(T):
+                ops.attend_one(q[t], k[t], v[t], cos[t], sin[t], kc, vc, start + t, out[t])
         return out
 
-    #: whether one-token attention past :data:`.ops.ATTN_CHUNK` positions is shared among
-    #: threads (:func:`.ops.attend_split`); set once :meth:`warm_attention` compiled it.
-    #: Until then it runs on one thread, with the same bits, so a long generation never stops
-    #: to compile it (on an empty kernel cache the compile helper process compiles it).
+    #: whether prompts and one-token attention past :data:`.ops.ATTN_CHUNK` positions are
+    #: shared among threads (:func:`.ops.attend_split`); set once :meth:`warm_attention`
+    #: compiled it (about 10 s on a 2-core AMD EPYC).
     split_attention = False
 
     def warm_attention(self, kv_type: str = "f32") -> None:
-        """:func:`.ops.warm_attention` with the split kernel, which long contexts use from
-        now on."""
+        """:func:`.ops.warm_attention` with the split kernel, which prompts and long contexts
+        use from now on."""
         ops.warm_attention(kv_type, split=True)
         self.split_attention = True
 
