@@ -514,7 +514,7 @@ def warmup(backend: str) -> None:
     numba compiles the cpu kernels for the CPU that runs them, on first use, and caches them
     on disk (beside the installed package, or in NUMBA_CACHE_DIR); pip cannot do it at install
     time. This runs a tiny synthetic model through every container once, and a batched step
-    as `serve` runs it, in two processes (46-75 s on 2 cores the first time, seconds
+    as `serve` runs it, in two processes (46-84 s on 2 cores the first time, seconds
     afterwards), so the first `bitformat run` or `serve` starts at once."""
     from tqdm import tqdm
 
