@@ -60,3 +60,20 @@ def test_base3_and_cpu_rate_probes_run_against_the_package():
     fs = bench_base3.kernels(6, 512, rng)
     for name, f in fs.items():
         assert bench_base3.timed(f, mats[name], hot=True, passes=1) > 0
+
+
+def test_bench_attention_times_the_kernels_a_model_runs():
+    """tools/bench_attention.py's worker runs this tree's split attention on its caches: the
+    prompt chunk's last token gets the bits one-token attention gives it there, and both
+    measurements time something."""
+    import bench_attention as ba
+
+    from bitformat.runtime.cpu import ops
+
+    k = ba.Kernels(ba.CHUNK + 70, "f16")  # (runs both once)
+    assert k.measure("decode", 1) > 0 and k.measure("prompt", 1) > 0
+    last, pos = ba.LAYERS - 1, k.n - 1
+    want = np.empty(ba.HEADS * ba.HEAD_DIM, np.float32)
+    ops.attend_one(k.q[-1], k.k[-1], k.k[-1], k.cos[-1], k.sin[-1],
+                   ops.kernel_cache(k.kc[last]), ops.kernel_cache(k.vc[last]), pos, want)
+    np.testing.assert_array_equal(k.out[-1], want)

@@ -362,9 +362,9 @@ def _load8(builder, base, row, i, kind, d):
 #: and value mix 1.4x and 2.0x faster with it; 4 and 16 positions ahead measured the same.
 ATTN_PREFETCH = 8
 #: positions ahead whose key rows the scores prefetch into L2 (:func:`_part_scores`), with the
-#: value rows of the position being read. 30 layers of 3,072 f16 positions of 2B-4T (236 MB, out
-#: of cache), AMD EPYC Zen 4: one thread 25.7 -> 18.6 ms a step, two 14.0 -> 11.1 ms (with
-#: :func:`_mix_4xn`); 12 and 48 positions measured the same as 24.
+#: value rows of the position being read: a third faster on one thread of an AMD EPYC Zen 4 in
+#: quick runs (30 layers of 3,072 f16 positions of 2B-4T, 236 MB); 12 and 48 positions measured
+#: the same as 24. tools/bench_attention.py measures the attention kernels as a whole.
 ATTN_AHEAD = 24
 
 
