@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,10 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from bench_cold_start import cpu_name  # noqa: E402
-from bench_load import _self_cpu, busy_ticks  # noqa: E402
+from bench_load import TreeWorker, _self_cpu  # noqa: E402
 
 MSG = "@@attn "
-TICK = os.sysconf("SC_CLK_TCK")
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, CHUNK = 30, 20, 5, 128, 64
 
 
@@ -119,34 +116,13 @@ def worker(positions: int, kv: str) -> None:
 
 
 # -- the parent --------------------------------------------------------------------------------
-class Worker:
+class Worker(TreeWorker):
     def __init__(self, name: str, tree: Path, positions: int, kv: str):
-        self.name = name
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", "--positions",
-             str(positions), "--kv-cache", kv],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
-        self.read()
-
-    def read(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith(MSG):
-                return json.loads(line[len(MSG):])
-        raise RuntimeError(f"worker {self.name} ended (exit {self.proc.wait()})")
+        super().__init__(name, tree, [str(Path(__file__).resolve()), "--worker", "--positions",
+                                      str(positions), "--kv-cache", kv], MSG)
 
     def measure(self, what: str, reps: int) -> dict:
-        b0, t0 = busy_ticks(), time.perf_counter()
-        self.proc.stdin.write(f"{what} {reps}\n")
-        self.proc.stdin.flush()
-        r = self.read()
-        wall = time.perf_counter() - t0
-        r["other"] = max(0.0, ((busy_ticks() - b0) / TICK - r["cpu"]) / wall)
-        return r
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
+        return self.ask(f"{what} {reps}")
 
 
 def main() -> None:

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,12 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from bench_cold_start import cpu_name  # noqa: E402
-from bench_load import _self_cpu, busy_ticks  # noqa: E402
+from bench_load import TreeWorker, _self_cpu  # noqa: E402
 
 SECTION = "Prefill and decode against context length (full-size synthetic 2B-4T, cpu)"
 OLD_SECTION = "Decode against context length (full-size synthetic 2B-4T, cpu)"
 MSG = "@@ctx "
-TICK = os.sysconf("SC_CLK_TCK")
 LLAMA = "llama.cpp"
 
 
@@ -110,36 +108,16 @@ def worker(kind: str, model: str, steps: int, max_context: int, kv: str,
 
 
 # -- the parent --------------------------------------------------------------------------------
-class Worker:
+class Worker(TreeWorker):
     def __init__(self, name: str, kind: str, tree: Path, model: str, steps: int,
                  max_context: int, kv: str, threads: int | None):
-        self.name = name
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", kind, model, "--steps",
-             str(steps), "--max-context", str(max_context), "--kv-cache", kv]
-            + (["--threads", str(threads)] if threads else []),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
-        self.read()
-
-    def read(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith(MSG):
-                return json.loads(line[len(MSG):])
-        raise RuntimeError(f"worker {self.name} ended (exit {self.proc.wait()})")
+        super().__init__(name, tree, [
+            str(Path(__file__).resolve()), "--worker", kind, model, "--steps", str(steps),
+            "--max-context", str(max_context), "--kv-cache", kv]
+            + (["--threads", str(threads)] if threads else []), MSG)
 
     def measure(self, ctx: int) -> dict:
-        b0, t0 = busy_ticks(), time.perf_counter()
-        self.proc.stdin.write(f"{ctx}\n")
-        self.proc.stdin.flush()
-        r = self.read()
-        wall = time.perf_counter() - t0
-        r["other"] = max(0.0, ((busy_ticks() - b0) / TICK - r["cpu"]) / wall)
-        return r
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
+        return self.ask(str(ctx))
 
 
 def main() -> None:

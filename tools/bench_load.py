@@ -73,6 +73,40 @@ def busy_ticks() -> int:
     return sum(v[:8]) - v[3] - v[4]
 
 
+class TreeWorker:
+    """A benchmark's worker process running ``args`` (a script and its options) with another
+    source tree ``tree`` on its path: it prints ``msg`` + a JSON object when ready and after
+    each request (one line on its stdin), the CPU seconds it used in ``"cpu"``. :meth:`ask`
+    adds ``"other"``: the cores other processes took meanwhile (/proc/stat)."""
+
+    def __init__(self, name: str, tree: Path, args: list[str], msg: str):
+        self.name, self.msg = name, msg
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        self.proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+        self.read()
+
+    def read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(self.msg):
+                return json.loads(line[len(self.msg):])
+        raise RuntimeError(f"worker {self.name} ended (exit {self.proc.wait()})")
+
+    def ask(self, request: str) -> dict:
+        b0, t0 = busy_ticks(), time.perf_counter()
+        self.proc.stdin.write(request + "\n")
+        self.proc.stdin.flush()
+        r = self.read()
+        wall = time.perf_counter() - t0
+        r["other"] = max(0.0, ((busy_ticks() - b0) / TICK - r["cpu"]) / wall)
+        return r
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+
 def proc_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         f = fh.read().rsplit(")", 1)[1].split()
