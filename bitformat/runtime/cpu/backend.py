@@ -45,6 +45,7 @@ from . import batch as B
 from . import decode as D
 from . import head as H
 from . import kernels as K
+from . import lut3 as L3
 from . import ops
 from . import rans as KR
 from . import screen as S
@@ -74,7 +75,7 @@ TWO_BIT = {"i2_s": (None, K.KIND_I2S), "stfma": ("plain", K.KIND_LOW),
 
 
 #: Encodings whose matrices run stacked (q, k, v; gate, up) as one kernel call.
-STACKABLE = (*TWO_BIT, *ROW_SCALED, "tq2_0", "tq1_0", "q2_0")
+STACKABLE = (*TWO_BIT, *ROW_SCALED, "tq2_0", "tq1_0", "q2_0", "lut3")
 
 #: Weights per 64-byte chunk of a 2-bit row: the unit of the vnni and AMX kernels. A row of
 #: another length runs its last part through the scalar loop and rules AMX out; 1bitLLM 3B's
@@ -92,6 +93,11 @@ PADDED = ("i2_s", "stfma")
 #: converted from BitNet's files have one scale per tensor in every container; a block format
 #: whose blocks' scales differ (a llama.cpp quantization of other weights) keeps its kernel.
 ONE_SCALE_ROWS = ("tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "colpack_u32")
+
+#: Of :data:`ONE_SCALE_ROWS`, the base-3 containers that the vnni build holds as lut3 tiles
+#: (:mod:`.lut3`: 1.67 bits a weight, a table lookup per three trits) where the CPU has
+#: AVX-512 VBMI, instead of stfma rows (2 bits): so the smallest files are the fastest too.
+LUT3_ROWS = ("tq1_0", "iq1_bn")
 
 
 def _padded_bytes(shape: tuple[int, int]) -> int:
@@ -223,6 +229,8 @@ class CpuBackend(Backend):
         self._head_tokens = B.lm_head_tokens if vnni else None
         # 2..16 rows of i2_s / stfma on AMX tiles where the CPU and the OS allow it: amx.py
         self.amx = vnni and A.available()
+        #: lut3 tiles for LUT3_ROWS (vpermb: AVX-512 VBMI)
+        self.lut3 = vnni and "avx512vbmi" in K.host_features()
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         #: bytes held of the matrices held as stfma rows (:data:`ONE_SCALE_ROWS`), by name
@@ -308,7 +316,9 @@ class CpuBackend(Backend):
             if self._one_scale_rows(e):  # as stfma rows, or (other scales) as they are
                 native = (get_format(t).nbytes(*e.shape) if (t := self._repacks(e))
                           else e.nbytes)
-                out.append(max(_padded_bytes(e.shape), native))
+                held = (L3.nbytes(*e.shape) if self._lut3_rows(e) else
+                        _padded_bytes(e.shape))
+                out.append(max(held, native))
             elif target := self._repacks(e):
                 out.append(get_format(target).nbytes(*e.shape))
             elif self._pads(e):
@@ -349,6 +359,11 @@ class CpuBackend(Backend):
         (:data:`ONE_SCALE_ROWS`)."""
         return self.kernel in ("vnni", "avx2") and e.ternary and e.encoding in ONE_SCALE_ROWS
 
+    def _lut3_rows(self, e) -> bool:
+        """Whether matrix entry ``e`` becomes lut3 tiles where its rows have one scale each
+        (:data:`LUT3_ROWS`)."""
+        return self.lut3 and e.ternary and e.encoding in LUT3_ROWS
+
     def _pads(self, e) -> bool:
         """Whether matrix entry ``e`` is repacked as padded stfma rows (:data:`CHUNK_WEIGHTS`)."""
         return (self.kernel == "vnni" and e.ternary and e.encoding in PADDED
@@ -367,7 +382,7 @@ class CpuBackend(Backend):
         if self._one_scale_rows(e):
             t = self.model.ternary(name) if src is None else src.decode_rows(0, src.rows)
             if (ws := one_scale_per_row(t)) is not None:
-                w = self._stfma_rows(t, ws)
+                w = self._lut3_tiles(t, ws) if self._lut3_rows(e) else self._stfma_rows(t, ws)
                 self._held[name] = w.data.nbytes
                 return w
         if (target := self._repacks(e)) and src is not None:
@@ -433,6 +448,12 @@ class CpuBackend(Backend):
         data.setflags(write=False)
         return CpuWeight("stfma", t.rows, t.cols, data, ws, "plain", K.KIND_LOW)
 
+    def _lut3_tiles(self, t: TernaryTensor, ws: np.ndarray) -> CpuWeight:
+        """``t``'s trits as lut3 tiles (:mod:`.lut3`) in the arena, row r scaled by ``ws[r]``."""
+        data = L3.pack(t.trits, self._arena.take(L3.shape(t.rows, t.cols)))
+        data.setflags(write=False)
+        return CpuWeight("lut3", t.rows, t.cols, data, ws, "lut3", K.KIND_LUT3)
+
     def _base3_repacked(self, t: TernaryTensor, target: str) -> CpuWeight:
         """A base-3 matrix (tq1_0, iq1_bn) decoded by its format's reader (every check) and
         encoded as ``target``'s rows (tq2_0, iq2_bn: the same scales) in the arena."""
@@ -472,15 +493,18 @@ class CpuBackend(Backend):
         buf = self._arena.buf
         if buf is None or not all(np.shares_memory(w.data, buf) for w in weights):
             return None
+        if first.encoding == "lut3" and any(w.rows % K.LUT_TILE_ROWS for w in weights):
+            return None  # (tiles of 64 rows: a part tile would sit between two matrices)
         start = first.data.ctypes.data - buf.ctypes.data
         for a, b in zip(weights, weights[1:], strict=False):
             if b.data.ctypes.data != a.data.ctypes.data + a.data.nbytes:
                 return None
         rows = sum(w.rows for w in weights)
-        data = buf[start: start + rows * first.data.shape[1]].reshape(rows, -1)
+        n = sum(w.data.shape[0] for w in weights)  # rows of bytes (tiles for lut3)
+        data = buf[start: start + n * first.data.shape[1]].reshape(n, -1)
         data.setflags(write=False)  # as every weight: one compiled specialisation of a kernel
         scale = (np.concatenate([w.scale for w in weights])
-                 if first.encoding in (*TWO_BIT, *ROW_SCALED) else first.scale)
+                 if first.encoding in (*TWO_BIT, *ROW_SCALED, "lut3") else first.scale)
         return CpuWeight(first.encoding, rows, first.cols, data, scale, first.layout,
                          first.kind)
 
@@ -642,6 +666,9 @@ class CpuBackend(Backend):
                 qa.cache[full] = qa.s.astype(np.float32)
             elif key == "iq1":
                 qa.cache[full] = K.iq1_activations(qa.q)
+            elif key == "lut3":
+                qa.cache[full] = np.empty((qa.q.shape[0], L3.table_bytes(width)), np.uint8)
+                K.lut3_tables(qa.q, qa.cache[full])
             else:
                 qa.cache[full] = K.slot_activations(qa.q, key, width)
         return qa.cache[full]
@@ -699,6 +726,12 @@ class CpuBackend(Backend):
         self._call(K.iq1bn_avx2, w.data.nbytes, w.data, self._derived(qa, "iq1", w.cols),
                    qa.q, self._derived(qa, "sum"), s, w.scale, out)
 
+    def _lut3(self, qa, w, s, out) -> None:
+        """tq1_0 and iq1_bn held as lut3 tiles (:data:`LUT3_ROWS`): each token's tables, then
+        a table lookup per three trits (:func:`.kernels.mm_lut3`)."""
+        self._call(K.mm_lut3, w.data.nbytes, w.data, self._derived(qa, "lut3", w.cols), s,
+                   w.scale, out)
+
     def _trits(self, qa, w, s, out) -> None:
         """Unpacked trits (int8 rows): what a weight no kernel reads is held as."""
         self._call(K.mm_trits, w.data.nbytes, w.data, w.scale, qa.q, s, out)
@@ -707,7 +740,8 @@ class CpuBackend(Backend):
     #: ROW_FORMAT_IDS` has one; rans runs :meth:`_rans`); ``tests/test_cpu_ops.py`` checks
     #: the table covers the registry
     KERNELS = {**dict.fromkeys(TWO_BIT, _two_bit), "tq2_0": _tq2_0, "tq1_0": _tq1_0,
-               "q2_0": _q2_0, "iq2_bn": _iq2_bn, "iq1_bn": _iq1_bn, "trits": _trits}
+               "q2_0": _q2_0, "iq2_bn": _iq2_bn, "iq1_bn": _iq1_bn, "lut3": _lut3,
+               "trits": _trits}
 
     def _amx(self, qa: QuantizedActivations, w: CpuWeight, xg: np.ndarray, corr: np.ndarray,
              s: np.ndarray, out: np.ndarray) -> None:

@@ -34,7 +34,18 @@ from numba import get_num_threads, njit, prange
 from ...graph import NotLowerable, decoder_shape
 from .amx import BLOCK_ROWS, TILE_ROWS, amx_block, amx_tail, block_scratch
 from .batch import pair_tokens
-from .kernels import KIND_COLPACK, KIND_I2S, _dot2_vnni_pair
+from .kernels import (
+    KIND_COLPACK,
+    KIND_I2S,
+    KIND_LUT3,
+    LUT_BLOCK_BYTES,
+    LUT_BLOCK_COLS,
+    LUT_QUAD_BYTES,
+    LUT_TILE_ROWS,
+    _dot2_vnni_pair,
+    _lut3_tile,
+    lut3_tables,
+)
 from .ops import (
     ATTN_CHUNK,
     PART_V,
@@ -138,6 +149,7 @@ def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, t
     x = np.empty(width, np.float32)
     q8 = np.empty((1, width), np.int8)
     xg = np.empty(4 * bpr, np.int8)  # the slot layout, for the bytes per row of the next matrix
+    tb = np.empty(_table_bytes(width), np.uint8)  # or the tables of lut3 tiles
     y = np.empty(mats[0, QKV, ROWS], np.float32)
     o = np.empty(dim, np.float32)
     gu = np.empty(2 * hidden, np.float32)
@@ -149,7 +161,7 @@ def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, t
     sync = np.zeros((PHASES_PER_LAYER * mats.shape[0] + 1, SYNC_WIDTH), np.int64)
     for _t in prange(threads):
         _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, hrow[0], x, q8,
-              xg, y, o, gu, sq, qr, parts, sync, threads, least)
+              xg, tb, y, o, gu, sq, qr, parts, sync, threads, least)
 
 
 #: phases of :func:`_step` per layer (and one after the last)
@@ -157,8 +169,8 @@ PHASES_PER_LAYER = 10
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q8, xg, y, o,
-          gu, sq, qr, parts, sync, threads, least):
+def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q8, xg, tb, y,
+          o, gu, sq, qr, parts, sync, threads, least):
     """One thread's part of :func:`decode_row`: every phase in order, serial ones where this
     thread is first to claim them."""
     dim = h.shape[0]
@@ -176,11 +188,12 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
             if layer > 0:
                 for j in range(dim):
                     h[j] = h[j] + y[j]
-            _activations(h, gains[layer, 0, :dim], f32eps, x, q8, xg, mats[layer, QKV, BPR], lane,
-                         sq)
+            _activations(h, gains[layer, 0, :dim], f32eps, x, q8, xg, tb, mats, layer,
+                         np.intp(QKV), lane, sq)
             finish(sync, ph)
         wait_done(sync, ph, 1)
-        _matvec(buf, mats, layer, np.intp(QKV), xg, sq, ws, y, sync, ph + 1, threads, least)
+        _matvec(buf, mats, layer, np.intp(QKV), xg, tb, sq, ws, y, sync, ph + 1, threads,
+                least)
         kl, vl = kc[layer], vc[layer]
         if serial(sync, ph + 2):
             _store_kv(y[H * d:(H + KV) * d].reshape((KV, d)),
@@ -197,29 +210,32 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
         wait_done(sync, ph + 3, nch)
         if serial(sync, ph + 4):
             _merge(parts, nch, o)
-            _activations(o, gains[layer, 1, :dim], f32eps, x, q8, xg, mats[layer, OUT, BPR], lane,
-                         sq)
+            _activations(o, gains[layer, 1, :dim], f32eps, x, q8, xg, tb, mats, layer,
+                         np.intp(OUT), lane, sq)
             finish(sync, ph + 4)
         wait_done(sync, ph + 4, 1)
-        _matvec(buf, mats, layer, np.intp(OUT), xg, sq, ws, y, sync, ph + 5, threads, least)
+        _matvec(buf, mats, layer, np.intp(OUT), xg, tb, sq, ws, y, sync, ph + 5, threads,
+                least)
         # FFN
         if serial(sync, ph + 6):
             for j in range(dim):
                 h[j] = h[j] + y[j]
-            _activations(h, gains[layer, 2, :dim], f32eps, x, q8, xg, mats[layer, GATE_UP, BPR],
-                         lane, sq)
+            _activations(h, gains[layer, 2, :dim], f32eps, x, q8, xg, tb, mats, layer,
+                         np.intp(GATE_UP), lane, sq)
             finish(sync, ph + 6)
         wait_done(sync, ph + 6, 1)
-        _matvec(buf, mats, layer, np.intp(GATE_UP), xg, sq, ws, gu, sync, ph + 7, threads, least)
+        _matvec(buf, mats, layer, np.intp(GATE_UP), xg, tb, sq, ws, gu, sync, ph + 7, threads,
+                least)
         if serial(sync, ph + 8):
             for j in range(hidden):
                 a = max(gu[j], np.float32(0.0))
                 gu[j] = a * a * gu[hidden + j]
-            _activations(gu[:hidden], gains[layer, 3, :hidden], f32eps, x, q8, xg,
-                         mats[layer, DOWN, BPR], lane, sq)
+            _activations(gu[:hidden], gains[layer, 3, :hidden], f32eps, x, q8, xg, tb, mats,
+                         layer, np.intp(DOWN), lane, sq)
             finish(sync, ph + 8)
         wait_done(sync, ph + 8, 1)
-        _matvec(buf, mats, layer, np.intp(DOWN), xg, sq, ws, y, sync, ph + 9, threads, least)
+        _matvec(buf, mats, layer, np.intp(DOWN), xg, tb, sq, ws, y, sync, ph + 9, threads,
+                least)
         ph += PHASES_PER_LAYER
     if serial(sync, ph):
         for j in range(dim):
@@ -228,15 +244,27 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
 
 
 @njit(cache=True, error_model="numpy")
-def _activations(v, gain, eps, x, q8, xg, bpr, lane, sq):
-    """Norm ``v`` with ``gain``, quantize it to int8 and lay it out in slots (``xg``) for the
-    next mat-vec, a matrix of ``bpr`` bytes per row; ``sq`` gets the scale and the sum of the
-    int8 values (exact in float32: at most 127 * cols < 2**24)."""
+def _table_bytes(cols):
+    """Bytes of one token's lut3 tables for ``cols`` columns (:func:`.lut3.table_bytes`)."""
+    return 2 * ((cols + LUT_BLOCK_COLS - 1) // LUT_BLOCK_COLS) * LUT_QUAD_BYTES
+
+
+@njit(cache=True, error_model="numpy")
+def _activations(v, gain, eps, x, q8, xg, tb, mats, layer, which, lane, sq):
+    """Norm ``v`` with ``gain``, quantize it to int8 and lay it out for the next mat-vec,
+    matrix ``which`` of ``layer``: in slots (``xg``) for 2-bit rows, as tables (``tb``) for
+    lut3 tiles; ``sq`` gets the scale and the sum of the int8 values (exact in float32: at most
+    127 * cols < 2**24)."""
     cols = v.shape[0]
     _norm_row(v, gain, eps, x[:cols])
     sq[0] = _quantize_row(x[:cols], q8, 0)
     sq[1] = np.float32(_sum(q8[:, :cols], 0))
-    _slots(q8[:, :cols], lane, cols, xg[:4 * bpr].reshape((1, 4, bpr)))
+    if mats[layer, which, KIND] == KIND_LUT3:
+        n = _table_bytes(cols)
+        lut3_tables(q8[:, :cols], tb[:n].reshape((1, n)))
+    else:
+        bpr = mats[layer, which, BPR]
+        _slots(q8[:, :cols], lane, cols, xg[:4 * bpr].reshape((1, 4, bpr)))
 
 
 #: the fewest bytes of weights a thread takes at a time in a mat-vec phase of :func:`_step`
@@ -244,7 +272,7 @@ CHUNK_BYTES = 32768
 
 
 @njit(cache=True, error_model="numpy")
-def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least):
+def _matvec(buf, mats, layer, which, xg, tb, sq, ws, out, sync, ph, threads, least):
     """Phase ``ph``: ``out[r] = float32(dot_r - sum q) * ws[r] / s`` (:func:`.kernels.mm2_vnni`,
     one token); returns when all rows are done.
 
@@ -252,7 +280,13 @@ def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least):
     contiguous run of 1 / (2 * threads) of the rows nobody took yet, at least ``least`` bytes,
     so each thread streams long runs of memory and the takes shrink towards the end, where they
     even out the threads' finish. Equal takes of 32 KiB, interleaved between the threads, cost
-    a quarter of the step's speed on an Intel Xeon (2 cores: 29.6 against 23.3 ms)."""
+    a quarter of the step's speed on an Intel Xeon (2 cores: 29.6 against 23.3 ms).
+
+    lut3 tiles (:func:`_lut3_matvec`) are taken a tile of 64 rows at a time instead."""
+    if mats[layer, which, KIND] == KIND_LUT3:
+        _lut3_matvec(buf, mats, layer, which, tb[None, :], sq[0:1], ws, out[None, :], sync, ph,
+                     threads, least)
+        return
     W = _weight(buf, mats, layer, which)
     rows, bpr = W.shape
     s, corr = sq[0], np.int32(sq[1])
@@ -273,6 +307,31 @@ def _matvec(buf, mats, layer, which, xg, sq, ws, out, sync, ph, threads, least):
                 out[r + 1] = np.float32(d1 - corr) * ws[w0 + r + 1] / s
         finish_run(sync, ph, p1 - p0)
     wait_done(sync, ph, pairs)
+
+
+@njit(cache=True, error_model="numpy")
+def _lut3_matvec(buf, mats, layer, which, tb, s, ws, out, sync, ph, threads, least):
+    """Phase ``ph`` for lut3 tiles: ``out[t, r] = float32(dot) * ws[r] / s[t]`` for every token
+    t whose tables are ``tb[t]`` (:func:`.kernels.mm_lut3`'s arithmetic), tiles taken guided as
+    :func:`_matvec`'s row pairs; returns when all are done."""
+    off, rows, bpr = mats[layer, which, OFF], mats[layer, which, ROWS], mats[layer, which, BPR]
+    tiles = (rows + LUT_TILE_ROWS - 1) // LUT_TILE_ROWS
+    W = buf[off: off + tiles * bpr].reshape((tiles, bpr))
+    nb = (bpr - 4 * LUT_TILE_ROWS) // LUT_BLOCK_BYTES
+    w0 = mats[layer, which, WS]
+    dots = np.empty(LUT_TILE_ROWS, np.int32)
+    while True:
+        p0, p1 = take_guided(sync, ph, tiles, max(1, least // bpr), threads)
+        if p0 >= p1:
+            break
+        for p in range(p0, p1):
+            r0 = p * LUT_TILE_ROWS
+            for t in range(out.shape[0]):
+                _lut3_tile(W, p * bpr, tb, t * tb.shape[1], nb, dots)
+                for k in range(min(LUT_TILE_ROWS, rows - r0)):
+                    out[t, r0 + k] = np.float32(dots[k]) * ws[w0 + r0 + k] / s[t]
+        finish_run(sync, ph, p1 - p0)
+    wait_done(sync, ph, tiles)
 
 
 @njit(cache=True, error_model="numpy")
@@ -375,10 +434,11 @@ def _decode_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens
     T, dim = h.shape
     q8, q8h, s, corr, y, o, gu, g, sync = _rows_scratch(mats, T, dim)
     xg = np.empty(T * 4 * _widest_row(mats), np.int8)  # every token's slot layout
+    tb = np.empty((T, _table_bytes(max(dim, g.shape[1]))), np.uint8)  # or lut3 tables
     for _t in prange(threads):
         _step_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, pos, proto,
-                        cos, sin, KV, d, h, q8, q8h, s, corr, xg, y, o, gu, g, sync, threads,
-                        least)
+                        cos, sin, KV, d, h, q8, q8h, s, corr, xg, tb, y, o, gu, g, sync,
+                        threads, least)
 
 
 #: phases of :func:`_step_rows` per layer (and one after the last)
@@ -417,7 +477,7 @@ def _step_rows(buf, mats, ws, gains, eps, lane, heads, cfg, kaddr, vaddr, lens, 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _step_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, pos, proto, cos,
-                    sin, KV, d, h, q8, q8h, s, corr, xg, y, o, gu, g, sync, threads, least):
+                    sin, KV, d, h, q8, q8h, s, corr, xg, tb, y, o, gu, g, sync, threads, least):
     """One thread's part of :func:`decode_rows_vnni`: :func:`_step_rows`' phases, its mat-vecs
     :func:`_tokens_matvec`'s."""
     dim = h.shape[1]
@@ -426,20 +486,20 @@ def _step_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, 
     ph = 0
     for layer in range(mats.shape[0]):
         _norm_tokens(h, y, layer > 0, gains[layer, 0, :dim], f32eps, q8, s, x, sync, ph)
-        _tokens_matvec(buf, mats, layer, np.intp(QKV), q8, lane, xg, corr, s, ws, y, sync, ph + 1,
-                       threads, least)
+        _tokens_matvec(buf, mats, layer, np.intp(QKV), q8, lane, xg, tb, corr, s, ws, y, sync,
+                       ph + 1, threads, least)
         _attend_tokens(y, o, heads, kaddr, vaddr, lens, pos, proto, cos, sin, KV, d, layer,
                        sync, ph + 3)
         _norm_tokens(o, y, False, gains[layer, 1, :dim], f32eps, q8, s, x, sync, ph + 5)
-        _tokens_matvec(buf, mats, layer, np.intp(OUT), q8, lane, xg, corr, s, ws, y, sync, ph + 6,
-                       threads, least)
+        _tokens_matvec(buf, mats, layer, np.intp(OUT), q8, lane, xg, tb, corr, s, ws, y, sync,
+                       ph + 6, threads, least)
         # FFN
         _norm_tokens(h, y, True, gains[layer, 2, :dim], f32eps, q8, s, x, sync, ph + 8)
-        _tokens_matvec(buf, mats, layer, np.intp(GATE_UP), q8, lane, xg, corr, s, ws, gu, sync,
-                       ph + 9, threads, least)
+        _tokens_matvec(buf, mats, layer, np.intp(GATE_UP), q8, lane, xg, tb, corr, s, ws, gu,
+                       sync, ph + 9, threads, least)
         _glu_tokens(gu, g, gains[layer, 3], f32eps, q8h, s, x, sync, ph + 11)
-        _tokens_matvec(buf, mats, layer, np.intp(DOWN), q8h, lane, xg, corr, s, ws, y, sync,
-                       ph + 12, threads, least)
+        _tokens_matvec(buf, mats, layer, np.intp(DOWN), q8h, lane, xg, tb, corr, s, ws, y,
+                       sync, ph + 12, threads, least)
         ph += PHASES_PER_ROWS_LAYER
     _add_tokens(h, y, sync, ph)
 
@@ -570,12 +630,22 @@ def _amx_matvec(buf, mats, layer, which, q, lane, xg, xb, cfg, corr, s, ws, out,
 
 
 @njit(cache=True, error_model="numpy")
-def _tokens_matvec(buf, mats, layer, which, q, lane, xg, corr, s, ws, out, sync, ph, threads,
-                   least):
+def _tokens_matvec(buf, mats, layer, which, q, lane, xg, tb, corr, s, ws, out, sync, ph,
+                   threads, least):
     """Phases ``ph`` (serial: every token's slot layout and sum) and ``ph + 1``:
     :func:`.batch.mm2_vnni_tokens` of matrix ``which`` into ``out`` [T, rows] (the same kernel
-    and bits), its row pairs taken guided as :func:`_matvec`'s."""
+    and bits), its row pairs taken guided as :func:`_matvec`'s; for lut3 tiles every token's
+    tables, then :func:`_lut3_matvec`."""
     T, cols = q.shape
+    if mats[layer, which, KIND] == KIND_LUT3:
+        n = _table_bytes(cols)
+        TB = tb.reshape(-1)[:T * n].reshape((T, n))
+        if serial(sync, ph):
+            lut3_tables(q, TB)
+            finish(sync, ph)
+        wait_done(sync, ph, 1)
+        _lut3_matvec(buf, mats, layer, which, TB, s, ws, out, sync, ph + 1, threads, least)
+        return
     W = _weight(buf, mats, layer, which)
     rows, bpr = W.shape
     XG = xg[:T * 4 * bpr].reshape((T, 4, bpr))
@@ -603,7 +673,7 @@ def _tokens_matvec(buf, mats, layer, which, q, lane, xg, corr, s, ws, out, sync,
 
 
 #: slot layout -> lane of :func:`_slots`
-LANES = {"x86": 32, "arm64": 16, "plain": 1}
+LANES = {"x86": 32, "arm64": 16, "plain": 1, "lut3": 0}
 
 
 @dataclass
@@ -660,7 +730,9 @@ class Plan:
                 gains[i, j, :g.size] = g
         if len(layouts) != 1 or (mats[:, GATE_UP, ROWS] != 2 * a.hidden_dim).any():
             return None
-        nbytes = int((mats[..., ROWS] * mats[..., BPR]).sum())
-        return cls(mats, np.concatenate(scales), gains, float(a.norm_eps),
-                   LANES[layouts.pop()], a.n_heads, a.n_kv_heads, a.head_dim, nbytes,
-                   bool((mats[..., BPR] % 64 == 0).all()))
+        tiles = mats[..., KIND] == KIND_LUT3
+        held = np.where(tiles, -(-mats[..., ROWS] // LUT_TILE_ROWS), mats[..., ROWS])
+        layout = layouts.pop()
+        return cls(mats, np.concatenate(scales), gains, float(a.norm_eps), LANES[layout],
+                   a.n_heads, a.n_kv_heads, a.head_dim, int((held * mats[..., BPR]).sum()),
+                   layout != "lut3" and bool((mats[..., BPR] % 64 == 0).all()))
