@@ -325,15 +325,23 @@ def test_stacked_projections_equal_separate(cpu_models, fid):
 def test_weights_are_arena_copies_of_container_bytes(cpu_models, tiny_containers, fid):
     """The arena holds each matrix's container bytes; where the vnni and avx2 builds hold a
     matrix whose rows have one scale each as stfma rows (ONE_SCALE_ROWS), those rows, padded to
-    whole chunks, with the container's scales; where the portable build repacks a base-3
-    container (tq1_0), the rows its 2-bit twin encodes."""
+    whole chunks, with the container's scales (tq1_0 on a VBMI CPU: lut3 tiles, LUT3_ROWS);
+    where the portable build repacks a base-3 container (tq1_0), the rows its 2-bit twin
+    encodes."""
     from bitformat.formats import get_format
     from bitformat.runtime.costs import REPACKED
-    from bitformat.runtime.cpu.backend import ONE_SCALE_ROWS, TernaryTensor, one_scale_per_row
+    from bitformat.runtime.cpu import lut3
+    from bitformat.runtime.cpu.backend import (
+        LUT3_ROWS,
+        ONE_SCALE_ROWS,
+        TernaryTensor,
+        one_scale_per_row,
+    )
 
     be = cpu_models[fid].backend
     arena = be._arena.buf
-    as_stfma = be.kernel in ("vnni", "avx2") and fid in ONE_SCALE_ROWS
+    as_lut3 = be.lut3 and fid in LUT3_ROWS
+    as_stfma = be.kernel in ("vnni", "avx2") and fid in ONE_SCALE_ROWS and not as_lut3
     repacked = not as_stfma and be.kernel != "vnni" and fid in REPACKED
     with open_model(tiny_containers[fid]) as c:
         for i in (0, 1):
@@ -349,6 +357,11 @@ def test_weights_are_arena_copies_of_container_bytes(cpu_models, tiny_containers
                     trits[:, :t.cols] = t.trits
                     raw = np.asarray(get_format("stfma").encode(TernaryTensor(
                         trits, np.float32([1]), 0))).view(np.uint8).reshape(-1)
+                if as_lut3:
+                    t = c.ternary(full)
+                    assert w.encoding == "lut3"
+                    np.testing.assert_array_equal(w.scale, one_scale_per_row(t))
+                    raw = lut3.pack(t.trits).reshape(-1)
                 if repacked:
                     assert w.encoding == REPACKED[fid]
                     raw = np.asarray(get_format(REPACKED[fid]).encode(c.ternary(full))
@@ -455,11 +468,11 @@ def test_decode_row_team_survives_overflowing_weights(cpu_models, team):
     assert not np.isfinite(h).all()
 
 
-@pytest.mark.parametrize("fid", ["i2_s", "stfma"])
+@pytest.mark.parametrize("fid", ["i2_s", "stfma", "tq1_0"])
 @pytest.mark.parametrize("team", [None, 3])
 def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypatch):
     """A batched decode step in one call (AMX tiles, :func:`decode.decode_rows`, or VNNI,
-    :func:`decode.decode_rows_vnni`) against the
+    :func:`decode.decode_rows_vnni`; tq1_0 as lut3 tiles where the CPU has VBMI) against the
     same step layer by layer: hidden states and every request's caches equal, 12 steps of 5
     requests whose caches have different lengths and positions; also by a team of 3 threads
     (:mod:`.cpu.team`) on however many threads numba runs, members one after another included."""
@@ -532,14 +545,16 @@ def test_iq1_bn_read_as_it_is_gives_the_repacked_bits(tiny_containers, cpu_model
 @pytest.mark.parametrize("fid", ["tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "colpack_u32"])
 def test_one_scale_rows_give_the_bits_of_the_containers_own_kernel(cpu_models, tiny_containers,
                                                                    fid, monkeypatch):
-    """A container held as stfma rows (ONE_SCALE_ROWS: the vnni and avx2 builds) gives the
-    logits its own kernel gives, bit for bit, prompt and one-token steps alike."""
-    from bitformat.runtime.cpu.backend import CpuBackend
+    """A container held as stfma rows (ONE_SCALE_ROWS: the vnni and avx2 builds), or as lut3
+    tiles (LUT3_ROWS, where the CPU has VBMI), gives the logits its own kernel gives, bit for
+    bit, prompt and one-token steps alike."""
+    from bitformat.runtime.cpu.backend import LUT3_ROWS, CpuBackend
 
     held = cpu_models[fid]
     if held.backend.kernel not in ("vnni", "avx2"):
         pytest.skip("the portable build holds every container as it is")
-    assert held.net.blocks[0].proj["attn_q"].encoding == "stfma"
+    lut3 = held.backend.lut3 and fid in LUT3_ROWS
+    assert held.net.blocks[0].proj["attn_q"].encoding == ("lut3" if lut3 else "stfma")
     monkeypatch.setattr(CpuBackend, "_one_scale_rows", lambda self, e: False)
     _same_forward(held, tiny_containers[fid], fid)
 
@@ -550,7 +565,7 @@ def _same_forward(want_model, path, fid):
     from bitformat.runtime import load
 
     with load(path, backend="cpu") as native:
-        assert native.net.blocks[0].proj["attn_q"].encoding != "stfma", fid
+        assert native.net.blocks[0].proj["attn_q"].encoding not in ("stfma", "lut3"), fid
         prompt = [3, 17, 250, 9, 100]
         a, b = (m.net.new_cache(len(prompt) + 6) for m in (want_model, native))
         want = want_model.net.forward(prompt, a)

@@ -51,12 +51,13 @@ def test_base3_and_cpu_rate_probes_run_against_the_package():
 
     vector, scalar = probe_cpu_rate.probes()
     assert vector(3) > 0 and scalar(1000) > 0
-    if K.kernel_mode() != "vnni":
-        pytest.skip("bench_base3 compares the vnni build's kernels")
+    if K.kernel_mode() != "vnni" or "avx512vbmi" not in K.host_features():
+        pytest.skip("bench_base3 compares the vnni build's kernels and lut3 (VBMI)")
     rng = np.random.default_rng(3)
     mats = bench_base3.matrices(6, 512, 2, rng)
     assert [m.shape for m in mats["i2_s"]] == [(6, 128)] * 2
     assert [m.shape for m in mats["tq1_0"]] == [(6, 108)] * 2
+    assert [m.shape for m in mats["lut3"]] == [(1, 22 * 320 + 256)] * 2
     fs = bench_base3.kernels(6, 512, rng)
     for name, f in fs.items():
         assert bench_base3.timed(f, mats[name], hot=True, passes=1) > 0

@@ -44,6 +44,9 @@ SCRIPT = textwrap.dedent('''
     K.tq2_vnni.compile(sig(ro(np.zeros((4, 132), np.uint8)), XG, bsum, s, out))
     K.tq1_vnni.compile(sig(ro(np.zeros((4, 108), np.uint8)), np.zeros((2, 512), np.int8), bsum,
                            s, out))
+    tb = np.zeros((2, 256), np.uint8)
+    K.lut3_tables.compile(sig(np.zeros((2, 24), np.int8), tb))
+    K.mm_lut3.compile(sig(ro(np.zeros((1, 576), np.uint8)), tb, s, ws, out))
     codes = ro(np.zeros((8, 64), np.uint8))
     xq, par = np.zeros((1, 2, 64), np.int8), np.zeros((1, 6))
     lo, bmax = np.zeros((1, 8)), S.block_maxima(8, 1)

@@ -1,5 +1,5 @@
-"""Why tq1_0 and iq1_bn do not run faster than i2_s on a CPU: base-3 digits cost more to take
-apart than the bytes they save.
+"""tq1_0 and iq1_bn against i2_s on a CPU: base-3 digits cost more to take apart than the bytes
+they save; a table lookup per three trits (lut3) does not take them apart.
 
     python tools/bench_base3.py [--rows 6912 --cols 2560] [--copies 30] [--rounds 3] [--write]
 
@@ -15,7 +15,10 @@ one-token kernels on one matrix shape (2B-4T's FFN up projection by default):
 
 ``i2_s`` is :func:`bitformat.runtime.cpu.kernels.mm2_vnni` (2-bit codes: a mask and a
 vpdpbusd per 64 trits); ``tq1_0`` is :func:`~bitformat.runtime.cpu.kernels.tq1_vnni` (each
-base-3 digit made from the byte by adds and two compares before its vpdpbusd). Reported: time,
+base-3 digit made from the byte by adds and two compares before its vpdpbusd); ``lut3`` is
+:func:`~bitformat.runtime.cpu.kernels.mm_lut3` on the same trits repacked at load as the cpu
+backend holds tq1_0 and iq1_bn on CPUs with AVX-512 VBMI (:mod:`bitformat.runtime.cpu.lut3`:
+a vpermb table lookup per three trits, 1.67 bits a weight). Reported: time,
 GB/s of the weights' bytes and G trits/s, medians over ``--rounds``, and the CPU time other
 processes took meanwhile (``/proc/stat``). ``--write`` puts the table into docs/benchmarks.md.
 """
@@ -64,16 +67,22 @@ def matrices(rows: int, cols: int, copies: int, rng) -> dict[str, list[np.ndarra
     and tq1_0 rows (54-byte blocks of 256 trits, scale 1.0)."""
     from bitformat.formats.tq1_0 import pack_blocks
 
+    from bitformat.runtime.cpu import lut3
+
     nb = cols // 256
-    out: dict[str, list[np.ndarray]] = {"i2_s": [], "tq1_0": []}
+    out: dict[str, list[np.ndarray]] = {"i2_s": [], "tq1_0": [], "lut3": []}
     for _ in range(copies):
         w = rng.integers(0, 256, (rows, cols // 4), dtype=np.uint8)
         w[w & 3 == 3] ^= 1  # code 3 is not a trit
         out["i2_s"].append(w)
+        digits = rng.integers(0, 3, (rows * nb, 256)).astype(np.uint8)
         blk = np.empty((rows * nb, 54), np.uint8)
-        blk[:, :52] = pack_blocks(rng.integers(0, 3, (rows * nb, 256)).astype(np.uint8))
+        blk[:, :52] = pack_blocks(digits)
         blk[:, 52:] = np.array([1.0], "<f2").view(np.uint8)
         out["tq1_0"].append(blk.reshape(rows, nb * 54))
+        tiles = lut3.pack(digits.reshape(rows, cols).astype(np.int8) - 1)
+        tiles.setflags(write=False)
+        out["lut3"].append(tiles)
     return out
 
 
@@ -81,6 +90,7 @@ def kernels(rows: int, cols: int, rng) -> dict:
     """Each layout's one-token mat-vec as a function of its matrix."""
     from bitformat.runtime.backend import quantize_activations
     from bitformat.runtime.cpu import kernels as K
+    from bitformat.runtime.cpu import lut3
 
     qa = quantize_activations(rng.standard_normal((1, cols)).astype(np.float32))
     xg = K.slot_activations(qa.q, "x86", cols)
@@ -88,8 +98,11 @@ def kernels(rows: int, cols: int, rng) -> dict:
     bsum = K.block_sums(qa.q)
     out = np.empty((1, rows), np.float32)
     ws = np.ones(rows, np.float32)
+    tb = np.empty((1, lut3.table_bytes(cols)), np.uint8)
+    K.lut3_tables(qa.q, tb)
     return {"i2_s": lambda w: K.mm2_vnni(w, xg, corr, qa.s, ws, K.KIND_I2S, out),
-            "tq1_0": lambda w: K.tq1_vnni(w, qa.q, bsum, qa.s, out)}
+            "tq1_0": lambda w: K.tq1_vnni(w, qa.q, bsum, qa.s, out),
+            "lut3": lambda w: K.mm_lut3(w, tb, qa.s, ws, out)}
 
 
 def timed(f, ws: list[np.ndarray], hot: bool, passes: int = 5) -> float:
@@ -129,11 +142,12 @@ def render(a, res: dict, other: float) -> str:
         lines.append(f"| {name} | {r['bytes'] / 1e6:.2f} MB | {cold * 1e6:.0f} | "
                      f"{r['bytes'] / cold / 1e9:.1f} | {trits / cold / 1e9:.0f} | "
                      f"{hot * 1e6:.0f} | {trits / hot / 1e9:.0f} |")
-    def ratio(mode: str) -> float:
-        return statistics.median(res["tq1_0"][mode]) / statistics.median(res["i2_s"][mode])
+    def ratio(name: str, mode: str) -> float:
+        return statistics.median(res[name][mode]) / statistics.median(res["i2_s"][mode])
 
-    lines += ["", f"tq1_0 takes {ratio('cold'):.2f}x i2_s's time from memory and "
-              f"{ratio('hot'):.2f}x in cache, where only the arithmetic counts.", ""]
+    lines += ["", f"tq1_0's base-3 kernel takes {ratio('tq1_0', 'cold'):.2f}x i2_s's time from "
+              f"memory and {ratio('tq1_0', 'hot'):.2f}x in cache, where only the arithmetic "
+              f"counts; lut3 {ratio('lut3', 'cold'):.2f}x and {ratio('lut3', 'hot'):.2f}x.", ""]
     return "\n".join(lines)
 
 
@@ -147,8 +161,9 @@ def main() -> None:
     a = ap.parse_args()
     from bitformat.runtime.cpu import kernels as K
 
-    if K.kernel_mode() != "vnni":
-        raise SystemExit("this compares the vnni build's kernels: it needs AVX-512 VNNI")
+    if K.kernel_mode() != "vnni" or "avx512vbmi" not in K.host_features():
+        raise SystemExit("this compares the vnni build's kernels and lut3: it needs AVX-512 "
+                         "VNNI and VBMI")
     rng = np.random.default_rng(0)
     mats = matrices(a.rows, a.cols, a.copies, rng)
     fs = kernels(a.rows, a.cols, rng)

@@ -23,8 +23,9 @@ BUILD_NAMES = {"vnni": "AVX-512 VNNI kernels", "avx2": "AVX2 kernels (no AVX-512
 #: bound by arithmetic, not by the 8-9 % more bytes the 2-bit rows take, and a base-3 digit
 #: costs several instructions where a 2-bit code costs a shift and a mask (docs/benchmarks.md,
 #: "Decode of every container"). The vnni build reads them as they are. (On the vnni and avx2
-#: builds a matrix whose rows have one scale each is held as stfma rows before any of this:
-#: ``ONE_SCALE_ROWS`` in ``cpu/backend.py``; a measurement's ``held`` says what its build held.)
+#: builds a matrix whose rows have one scale each is held as stfma rows before any of this,
+#: or on the vnni build with AVX-512 VBMI, tq1_0 and iq1_bn as lut3 tiles: ``ONE_SCALE_ROWS``
+#: and ``LUT3_ROWS`` in ``cpu/backend.py``; a measurement's ``held`` says what its build held.)
 REPACKED = {"tq1_0": "tq2_0", "iq1_bn": "iq2_bn"}
 
 
@@ -56,7 +57,8 @@ def describe(fid: str) -> list[str]:
     lines = []
     for c in container_costs(fid):
         slow = "  (slow here: pick i2_s, tq2_0 or stfma)" if c["decode"] < 0.7 else ""
-        held = f", held as {c['held']} rows" if c.get("held") else ""
+        held = (f", held as {c['held']} {'tiles' if c['held'] == 'lut3' else 'rows'}"
+                if c.get("held") else "")
         lines.append(f"{c['decode']:.2f}x i2_s's decode, {c['prefill']:.2f}x its prefill on "
                      f"{c['cpu']} ({BUILD_NAMES.get(c['build'], c['build'])}{held}; i2_s "
                      f"{c['i2_s_decode_tps']:.1f} tok/s on 2B-4T){slow}")
