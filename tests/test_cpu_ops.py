@@ -516,11 +516,12 @@ def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypa
 
 def test_every_row_container_has_a_cpu_kernel():
     """The cpu backend dispatches through one table (:data:`CpuBackend.KERNELS`): every row
-    container of the registry, and the unpacked-trits fallback, has its mat-vec there."""
+    container of the registry, the unpacked-trits fallback and the lut3 tiles that tq1_0 and
+    iq1_bn are held as on VBMI CPUs, has its mat-vec there."""
     from bitformat.formats import ROW_FORMAT_IDS
     from bitformat.runtime.cpu.backend import CpuBackend
 
-    assert set(ROW_FORMAT_IDS) | {"trits"} == set(CpuBackend.KERNELS)
+    assert set(ROW_FORMAT_IDS) | {"trits", "lut3"} == set(CpuBackend.KERNELS)
     assert all(callable(k) for k in CpuBackend.KERNELS.values())
 
 
