@@ -56,6 +56,27 @@ def tiny_containers(tiny_gguf, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def lut3_models(tiny_containers):
+    """tq1_0 and iq1_bn loaded on the cpu backend as lut3 tiles (BITFORMAT_CPU_LUT3=1; where
+    the CPU has VNNI and VBMI, else as the default holds them)."""
+    from bitformat.runtime import load
+    from bitformat.runtime.cpu.backend import LUT3_ENV
+
+    before = os.environ.get(LUT3_ENV)
+    os.environ[LUT3_ENV] = "1"
+    try:
+        models = {fid: load(tiny_containers[fid], backend="cpu") for fid in ("tq1_0", "iq1_bn")}
+    finally:
+        if before is None:
+            del os.environ[LUT3_ENV]
+        else:
+            os.environ[LUT3_ENV] = before
+    yield models
+    for m in models.values():
+        m.close()
+
+
+@pytest.fixture(scope="session")
 def cpu_models(tiny_containers):
     """format id -> the tiny model loaded on the cpu backend from that container."""
     from bitformat.runtime import load

@@ -468,9 +468,10 @@ def test_decode_row_team_survives_overflowing_weights(cpu_models, team):
     assert not np.isfinite(h).all()
 
 
-@pytest.mark.parametrize("fid", ["i2_s", "stfma", "tq1_0"])
+@pytest.mark.parametrize("fid", ["i2_s", "stfma", "tq1_0-lut3"])
 @pytest.mark.parametrize("team", [None, 3])
-def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypatch):
+def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, lut3_models, fid, team,
+                                                 monkeypatch):
     """A batched decode step in one call (AMX tiles, :func:`decode.decode_rows`, or VNNI,
     :func:`decode.decode_rows_vnni`; tq1_0 as lut3 tiles where the CPU has VBMI) against the
     same step layer by layer: hidden states and every request's caches equal, 12 steps of 5
@@ -480,7 +481,7 @@ def test_decode_rows_same_bits_as_layer_by_layer(cpu_models, fid, team, monkeypa
 
     if team is not None:
         monkeypatch.setattr(D, "get_num_threads", lambda: team)
-    lm = cpu_models[fid]
+    lm = lut3_models[fid[:-5]] if fid.endswith("-lut3") else cpu_models[fid]
     net, be = lm.net, lm.backend
     plan = net._decode_plan()
     if plan is None:
@@ -547,15 +548,14 @@ def test_iq1_bn_read_as_it_is_gives_the_repacked_bits(tiny_containers, cpu_model
 def test_one_scale_rows_give_the_bits_of_the_containers_own_kernel(cpu_models, tiny_containers,
                                                                    fid, monkeypatch):
     """A container held as stfma rows (ONE_SCALE_ROWS: the vnni and avx2 builds), or as lut3
-    tiles (LUT3_ROWS, where the CPU has VBMI), gives the logits its own kernel gives, bit for
-    bit, prompt and one-token steps alike."""
-    from bitformat.runtime.cpu.backend import LUT3_ROWS, CpuBackend
+    tiles (LUT3_ROWS, asked for on a CPU with VBMI), gives the logits its own kernel gives,
+    bit for bit, prompt and one-token steps alike."""
+    from bitformat.runtime.cpu.backend import CpuBackend
 
     held = cpu_models[fid]
     if held.backend.kernel not in ("vnni", "avx2"):
         pytest.skip("the portable build holds every container as it is")
-    lut3 = held.backend.lut3 and fid in LUT3_ROWS
-    assert held.net.blocks[0].proj["attn_q"].encoding == ("lut3" if lut3 else "stfma")
+    assert held.net.blocks[0].proj["attn_q"].encoding == "stfma"
     monkeypatch.setattr(CpuBackend, "_one_scale_rows", lambda self, e: False)
     _same_forward(held, tiny_containers[fid], fid)
 

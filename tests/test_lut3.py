@@ -99,10 +99,12 @@ def test_matvec_gives_exact_products_and_the_2bit_epilogue(rows, cols, T):
 
 @needs_vbmi
 @pytest.mark.parametrize("fid", ["tq1_0", "iq1_bn"])
-def test_base3_containers_run_as_lut3_tiles_with_the_bits_of_i2_s(cpu_models, fid):
-    """On a VBMI CPU tq1_0 and iq1_bn are held as lut3 tiles, which the one-call step runs,
-    read fewer bytes than i2_s's rows and give i2_s's logits and tokens."""
-    lm, ref = cpu_models[fid], cpu_models["i2_s"]
+def test_base3_containers_run_as_lut3_tiles_with_the_bits_of_i2_s(lut3_models, cpu_models, fid):
+    """Asked for (BITFORMAT_CPU_LUT3=1) on a VBMI CPU, tq1_0 and iq1_bn are held as lut3
+    tiles, which the one-call step runs, read fewer bytes than i2_s's rows and give i2_s's
+    logits and tokens; by default they are stfma rows."""
+    assert cpu_models[fid].net.blocks[0].proj["attn_q"].encoding == "stfma"
+    lm, ref = lut3_models[fid], cpu_models["i2_s"]
     be = lm.backend
     assert be.lut3
     assert {w.encoding for w in lm.net.blocks[0].proj.values()} == {"lut3"}
@@ -147,3 +149,18 @@ def test_lut3_kernels_compile_for_a_vnni_cpu_without_vbmi(tmp_path):
     p = subprocess.run([sys.executable, "-c", WITHOUT_VBMI], env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0 and "same" in p.stdout, p.stderr[-2000:]
+
+
+@needs_vbmi
+@pytest.mark.parametrize("fid", ["tq1_0", "iq1_bn"])
+def test_lut3_tiles_give_the_bits_of_the_containers_own_kernel(lut3_models, tiny_containers,
+                                                               fid, monkeypatch):
+    """tq1_0 and iq1_bn as lut3 tiles give the logits of the container's own kernel (read as
+    it is), prompt and one-token steps alike."""
+    from test_cpu_ops import _same_forward
+
+    from bitformat.runtime.cpu.backend import CpuBackend
+
+    assert lut3_models[fid].net.blocks[0].proj["attn_q"].encoding == "lut3"
+    monkeypatch.setattr(CpuBackend, "_one_scale_rows", lambda self, e: False)
+    _same_forward(lut3_models[fid], tiny_containers[fid], fid)

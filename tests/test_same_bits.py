@@ -11,6 +11,8 @@ this machine runs (vnni, avx2, portable) and both ways of running a rans file.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -50,17 +52,38 @@ def wide_containers(tmp_path_factory):
     return _containers(WIDE, tmp_path_factory)
 
 
+@contextlib.contextmanager
+def _lut3(on: bool):
+    """BITFORMAT_CPU_LUT3=1 while loading, where ``on`` (tq1_0, iq1_bn as lut3 tiles)."""
+    from bitformat.runtime.cpu.backend import LUT3_ENV
+
+    before = os.environ.get(LUT3_ENV)
+    if on:
+        os.environ[LUT3_ENV] = "1"
+    try:
+        yield
+    finally:
+        if on and before is None:
+            del os.environ[LUT3_ENV]
+        elif on:
+            os.environ[LUT3_ENV] = before
+
+
 def _runs(paths, backend: str) -> dict[tuple, object]:
     """What each container gives: ``(fid, what) -> logits or tokens``. rans runs both ways
-    on the cpu backend (decoded at load into 2-bit rows, and decoded inside the kernels)."""
+    on the cpu backend (decoded at load into 2-bit rows, and decoded inside the kernels), and
+    tq1_0 and iq1_bn also as lut3 tiles (where the CPU has VBMI; else as by default)."""
     out = {}
     for fid, path in paths.items():
         variants = [{}]
         if backend == "cpu" and fid == "rans":
             variants = [{"decode": "load"}, {"decode": "fused"}]
+        if backend == "cpu" and fid in ("tq1_0", "iq1_bn"):
+            variants = [{}, {"lut3": True}]
         for extra in variants:
             key = (fid, *extra.values())
-            with load(path, backend=backend, **extra) as m:
+            kw = {k: v for k, v in extra.items() if k != "lut3"}
+            with _lut3(extra.get("lut3", False)), load(path, backend=backend, **kw) as m:
                 out[key, "logits"] = m.logits(PROMPT)
                 out[key, "greedy"] = m.generate(PROMPT, max_new_tokens=8, stop_ids=[]).tokens
                 out[key, "sampled"] = m.generate(PROMPT, max_new_tokens=8, stop_ids=[],

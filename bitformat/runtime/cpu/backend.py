@@ -17,6 +17,7 @@ and one-token attention run as compiled steps too (:mod:`.ops`).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -96,8 +97,12 @@ ONE_SCALE_ROWS = ("tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "colpack_u32")
 
 #: Of :data:`ONE_SCALE_ROWS`, the base-3 containers that the vnni build holds as lut3 tiles
 #: (:mod:`.lut3`: 1.67 bits a weight, a table lookup per three trits) where the CPU has
-#: AVX-512 VBMI, instead of stfma rows (2 bits): so the smallest files are the fastest too.
+#: AVX-512 VBMI and ``BITFORMAT_CPU_LUT3=1`` asks for them, instead of stfma rows (2 bits).
+#: Not the default: on a 2-core AMD EPYC (VBMI) they decoded 2B-4T at 1.04-1.08x i2_s's speed
+#: in one run and 0.94-0.96x in another, but prefilled a 16-token prompt at 0.79-0.81x, where
+#: stfma rows give 0.95-1.0x and 1.0-1.1x (docs/benchmarks.md, "Decode of every container").
 LUT3_ROWS = ("tq1_0", "iq1_bn")
+LUT3_ENV = "BITFORMAT_CPU_LUT3"
 
 
 def _padded_bytes(shape: tuple[int, int]) -> int:
@@ -229,8 +234,9 @@ class CpuBackend(Backend):
         self._head_tokens = B.lm_head_tokens if vnni else None
         # 2..16 rows of i2_s / stfma on AMX tiles where the CPU and the OS allow it: amx.py
         self.amx = vnni and A.available()
-        #: lut3 tiles for LUT3_ROWS (vpermb: AVX-512 VBMI)
-        self.lut3 = vnni and "avx512vbmi" in K.host_features()
+        #: lut3 tiles for LUT3_ROWS (vpermb: AVX-512 VBMI), where asked for
+        self.lut3 = (vnni and os.environ.get(LUT3_ENV, "0").strip() == "1"
+                     and "avx512vbmi" in K.host_features())
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         #: bytes held of the matrices held as stfma rows (:data:`ONE_SCALE_ROWS`), by name
