@@ -38,14 +38,12 @@ from .kernels import (
     KIND_COLPACK,
     KIND_I2S,
     KIND_LUT3,
-    LUT_BLOCK_BYTES,
-    LUT_BLOCK_COLS,
-    LUT_QUAD_BYTES,
     LUT_TILE_ROWS,
     _dot2_vnni_pair,
-    _lut3_tile,
+    lut3_rows,
     lut3_tables,
 )
+from .lut3 import table_bytes
 from .ops import (
     ATTN_CHUNK,
     PART_V,
@@ -82,10 +80,10 @@ def _slots_row(q, t, lane, cols, xg):
     """:func:`_slots` of row t of ``q`` into ``xg[t]``: for each block of ``lane`` row bytes,
     four copies of ``lane`` consecutive activations (the element index once per block, not
     per byte: a :func:`decode_row` step of the full-size 2B-4T went from 25.3 to 24.4 ms,
-    medians of interleaved runs on an Intel Xeon with AMX, 2 cores). Lane 1 (stfma rows: every
-    container the vnni build holds as stfma rows) is a plain 4-way deinterleave, a byte at a
-    time through the general loop took 13.5 us at 2,560 columns (i2_s's 32-lanes 3.9 us),
-    1.6 ms of a 2B-4T step."""
+    medians of interleaved runs on an Intel Xeon with AMX, 2 cores). Lane 1 (stfma rows, as the
+    vnni build holds most containers) is a plain four-way split: through the general loop, a
+    byte at a time, it took 13.5 us at 2,560 columns (i2_s's lane 32 then 3.9 us), 1.6 ms of a
+    2B-4T step."""
     bpr = xg.shape[2]
     if lane == 1:
         full = min(bpr, cols // 4)
@@ -170,7 +168,7 @@ def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, t
     x = np.empty(width, np.float32)
     q8 = np.empty((1, width), np.int8)
     xg = np.empty(4 * bpr, np.int8)  # the slot layout, for the bytes per row of the next matrix
-    tb = np.empty(_table_bytes(width), np.uint8)  # or the tables of lut3 tiles
+    tb = np.empty(table_bytes(width), np.uint8)  # or the tables of lut3 tiles
     y = np.empty(mats[0, QKV, ROWS], np.float32)
     o = np.empty(dim, np.float32)
     gu = np.empty(2 * hidden, np.float32)
@@ -265,12 +263,6 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
 
 
 @njit(cache=True, error_model="numpy")
-def _table_bytes(cols):
-    """Bytes of one token's lut3 tables for ``cols`` columns (:func:`.lut3.table_bytes`)."""
-    return 2 * ((cols + LUT_BLOCK_COLS - 1) // LUT_BLOCK_COLS) * LUT_QUAD_BYTES
-
-
-@njit(cache=True, error_model="numpy")
 def _activations(v, gain, eps, x, q8, xg, tb, mats, layer, which, lane, sq):
     """Norm ``v`` with ``gain``, quantize it to int8 and lay it out for the next mat-vec,
     matrix ``which`` of ``layer``: in slots (``xg``) for 2-bit rows, as tables (``tb``) for
@@ -281,7 +273,7 @@ def _activations(v, gain, eps, x, q8, xg, tb, mats, layer, which, lane, sq):
     sq[0] = _quantize_row(x[:cols], q8, 0)
     sq[1] = np.float32(_sum(q8[:, :cols], 0))
     if mats[layer, which, KIND] == KIND_LUT3:
-        n = _table_bytes(cols)
+        n = table_bytes(cols)
         lut3_tables(q8[:, :cols], tb[:n].reshape((1, n)))
     else:
         bpr = mats[layer, which, BPR]
@@ -338,19 +330,16 @@ def _lut3_matvec(buf, mats, layer, which, tb, s, ws, out, sync, ph, threads, lea
     off, rows, bpr = mats[layer, which, OFF], mats[layer, which, ROWS], mats[layer, which, BPR]
     tiles = (rows + LUT_TILE_ROWS - 1) // LUT_TILE_ROWS
     W = buf[off: off + tiles * bpr].reshape((tiles, bpr))
-    nb = (bpr - 4 * LUT_TILE_ROWS) // LUT_BLOCK_BYTES
     w0 = mats[layer, which, WS]
+    wsl = ws[w0: w0 + rows]
     dots = np.empty(LUT_TILE_ROWS, np.int32)
     while True:
         p0, p1 = take_guided(sync, ph, tiles, max(1, least // bpr), threads)
         if p0 >= p1:
             break
         for p in range(p0, p1):
-            r0 = p * LUT_TILE_ROWS
             for t in range(out.shape[0]):
-                _lut3_tile(W, p * bpr, tb, t * tb.shape[1], nb, dots)
-                for k in range(min(LUT_TILE_ROWS, rows - r0)):
-                    out[t, r0 + k] = np.float32(dots[k]) * ws[w0 + r0 + k] / s[t]
+                lut3_rows(W, p, tb, t, s, wsl, rows, out, dots)
         finish_run(sync, ph, p1 - p0)
     wait_done(sync, ph, tiles)
 
@@ -455,7 +444,7 @@ def _decode_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens
     T, dim = h.shape
     q8, q8h, s, corr, y, o, gu, g, sync = _rows_scratch(mats, T, dim)
     xg = np.empty(T * 4 * _widest_row(mats), np.int8)  # every token's slot layout
-    tb = np.empty((T, _table_bytes(max(dim, g.shape[1]))), np.uint8)  # or lut3 tables
+    tb = np.empty((T, table_bytes(max(dim, g.shape[1]))), np.uint8)  # or lut3 tables
     for _t in prange(threads):
         _step_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, pos, proto,
                         cos, sin, KV, d, h, q8, q8h, s, corr, xg, tb, y, o, gu, g, sync,
@@ -659,7 +648,7 @@ def _tokens_matvec(buf, mats, layer, which, q, lane, xg, tb, corr, s, ws, out, s
     tables, then :func:`_lut3_matvec`."""
     T, cols = q.shape
     if mats[layer, which, KIND] == KIND_LUT3:
-        n = _table_bytes(cols)
+        n = table_bytes(cols)
         TB = tb.reshape(-1)[:T * n].reshape((T, n))
         if serial(sync, ph):
             lut3_tables(q, TB)

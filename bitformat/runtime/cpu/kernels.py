@@ -1040,7 +1040,6 @@ def _iq1_block(wr, qt, b):
     return acc
 
 
-
 # -- lut3: three trits per table lookup (tq1_0 and iq1_bn on AVX-512 VBMI; layout in lut3.py) -----
 #: rows of a lut3 tile: four sub-tiles of 16, each one vpdpbusd lane per row
 LUT_TILE_ROWS = 64

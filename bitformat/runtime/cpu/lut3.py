@@ -7,8 +7,9 @@ trit is +1 (:data:`.kernels.LUT_COEFFICIENTS`), and each row holds for each grou
 into it and a sign: 5 bits for three trits, 1.67 bits a weight, against i2_s's 2. tq1_0 (1.69
 bits) and iq1_bn (1.625) hold their trits in base-3 digits, which cost 2.5x i2_s's vector
 instructions to take apart (docs/benchmarks.md, "Base-3 digits against 2-bit codes"); this
-layout takes no digits apart, so their matrices are repacked into it at load and read fewer
-bytes than i2_s's.
+layout takes no digits apart and reads fewer bytes than i2_s's. The cpu backend repacks their
+matrices into it at load where asked (``BITFORMAT_CPU_LUT3=1``, :data:`.backend.LUT3_ROWS`
+says why it is not the default).
 
 Layout (built by :func:`pack`): rows in tiles of 64 (:data:`.kernels.LUT_TILE_ROWS`), four
 sub-tiles of 16; columns in blocks of 24 (padded with zero trits), each two quads of four
@@ -38,9 +39,10 @@ from numba import njit, prange
 from .kernels import LUT_BLOCK_BYTES, LUT_BLOCK_COLS, LUT_QUAD_BYTES, LUT_SUB_BYTES, LUT_TILE_ROWS
 
 
+@njit(cache=True)
 def blocks(cols: int) -> int:
     """Blocks of :data:`.kernels.LUT_BLOCK_COLS` columns of a row of ``cols`` weights."""
-    return -(-cols // LUT_BLOCK_COLS)
+    return (cols + LUT_BLOCK_COLS - 1) // LUT_BLOCK_COLS
 
 
 def tile_bytes(cols: int) -> int:
@@ -58,8 +60,10 @@ def nbytes(rows: int, cols: int) -> int:
     return tiles * tb
 
 
+@njit(cache=True)
 def table_bytes(cols: int) -> int:
-    """Bytes of one token's tables for a matrix of ``cols`` columns."""
+    """Bytes of one token's tables for a matrix of ``cols`` columns (also called inside the
+    one-call decode steps)."""
     return 2 * blocks(cols) * LUT_QUAD_BYTES
 
 
