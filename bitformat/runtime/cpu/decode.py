@@ -96,7 +96,9 @@ def _slots_row(q, t, lane, cols, xg):
             for g in range(4):
                 xg[t, g, m] = q[t, 4 * m + g] if 4 * m + g < cols else 0
         return
-    m1 = 0  # whole blocks of 32 bytes first (i2_s x86): fixed-length copies (3.9 -> 0.4 us)
+    # whole blocks of 32 bytes first (i2_s x86): fixed-length copies, 3.9 -> 1.0 us at 2,560
+    # columns
+    m1 = 0
     if lane == 32:
         m1 = min(bpr, cols // 4) // 32 * 32
         for b in range(m1 // 32):
