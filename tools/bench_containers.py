@@ -168,15 +168,16 @@ def main() -> None:
     if bad:
         print(f"ERROR: other tokens than i2_s from {', '.join(bad)}")
     if a.write:
-        from benchdoc import DOC, replace_section
+        from benchdoc import DOC, replace_section, section_tail
 
-        replace_section(DOC, SECTION, report)
+        # the notes under the table are written by hand (what changed, the targets): kept
+        replace_section(DOC, SECTION, report + section_tail(DOC, SECTION), after=SECTION)
         DATA.parent.mkdir(parents=True, exist_ok=True)
         record = {"machine": machine, "cpu_features": flags, "command": cmd,
                   "date": datetime.date.today().isoformat(), "rows": [
                       {k: r[k] for k in ("fid", "build", "prefill_tps", "decode_tps",
                                          "decode_all", "prefill_all", "bytes", "decode_ratio",
-                                         "prefill_ratio", "others_max", "same_tokens")}
+                                         "prefill_ratio", "others_max", "same_tokens", "held")}
                       for r in rows]}
         DATA.write_text(json.dumps(record, indent=1) + "\n")
         write_costs(record)

@@ -7,6 +7,24 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
+def section_tail(doc: Path, title: str) -> str:
+    """The hand-written text of the ``## title`` section after its first table (with the
+    blank line before it), so a tool that rewrites the table can keep it; '' if none."""
+    text = doc.read_text() if doc.exists() else ""
+    start = text.find(f"## {title}")
+    if start < 0:
+        return ""
+    end = text.find("\n## ", start + 1)
+    lines = text[start:end if end >= 0 else len(text)].split("\n")
+    seen = False
+    for i, line in enumerate(lines):
+        if line.startswith("|"):
+            seen = True
+        elif seen:
+            return "\n".join(lines[i:]).rstrip() + "\n"
+    return ""
+
+
 def replace_section(doc: Path, title: str, body: str, after: str | None = None) -> None:
     """Replace the ``## title`` section of ``doc`` with ``body`` (moved to the end, or appended
     if missing).
