@@ -100,16 +100,18 @@ def one_request(url: str, prompt: str, tokens: int, out: dict, go: threading.Eve
             "ignore_eos": True, "return_token_ids": True}
     go.wait()
     t0 = time.perf_counter()
-    times = []
+    times, ids = [], []
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                n = len(json.loads(line[6:])["choices"][0].get("token_ids", []))
-                times += [time.perf_counter()] * n
-    out.update(t0=t0, times=times)
+                got = json.loads(line[6:])["choices"][0].get("token_ids", [])
+                times += [time.perf_counter()] * len(got)
+                ids += got
+    out.update(t0=t0, times=times, ids=ids)
 
 
-def clients_run(url: str, n: int, tokens: int) -> dict:
+def clients_run(url: str, n: int, tokens: int, ids: bool = False) -> dict:
+    """N concurrent streaming requests; with ``ids``, each request's token ids too."""
     go = threading.Event()
     outs = [{} for _ in range(n)]
     threads = [threading.Thread(target=one_request, args=(url, PROMPTS[i % len(PROMPTS)],
@@ -126,7 +128,8 @@ def clients_run(url: str, n: int, tokens: int) -> dict:
     ttft = [o["times"][0] - o["t0"] for o in outs]
     tps = [(len(o["times"]) - 1) / (o["times"][-1] - o["times"][0]) for o in outs]
     return {"aggregate": total / (end - start), "ttft": statistics.median(ttft),
-            "ttft_max": max(ttft), "tps": statistics.median(tps), "tokens": total}
+            "ttft_max": max(ttft), "tps": statistics.median(tps), "tokens": total,
+            **({"ids": [o["ids"] for o in outs]} if ids else {})}
 
 
 def run_cli(model: Path, tokens: int, threads: list[str]) -> dict:
