@@ -658,15 +658,23 @@ def _ol_mix_heads(p, vc, c0, c1, part, j, h0, h1):
 
 
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
-def _part_mix(p, vc, c0, c1, part):
+def _part_mix(p, vc, c0, c1, part, kc, nx0, nx1):
     """``part[h, PART_V:] = sum_t p[h, t - c0] * vc[t, h // G]``, each sum in position order:
     four heads of a kv head at a time with the sums in SIMD registers (:func:`_mix_heads`),
-    other heads one position at a time."""
+    other heads one position at a time. The key and value rows of positions ``nx0 .. nx1 - 1``
+    (the run this thread takes next) are prefetched into L2 meanwhile, a share before each kv
+    head's sums, so that memory works while the mix computes from L2."""
     H = part.shape[0]
     d = part.shape[1] - PART_V
     KV = vc.shape[1]
     G = H // KV
+    span = (nx1 - nx0) * KV * vc.shape[2]
     for j in range(KV):
+        if span > 0:
+            a = nx0 * KV * vc.shape[2] + span * j // KV
+            b = nx0 * KV * vc.shape[2] + span * (j + 1) // KV
+            _prefetch_span(kc, a, b - a)
+            _prefetch_span(vc, a, b - a)
         h = _mix_heads(p, vc, c0, c1, part, j, j * G, (j + 1) * G)
         for g in range(h, (j + 1) * G):
             for i in range(d):
@@ -732,7 +740,7 @@ def _part_softmax(p, n, part):
 
 
 @njit(inline="always", error_model="numpy")
-def _part(qr, kc, vc, c0, c1, scale, part):
+def _part(qr, kc, vc, c0, c1, scale, part, nx0=0, nx1=0):
     """The partial attention of every query head (``qr`` [H, d], RoPE applied) over positions
     ``c0 .. c1 - 1`` of ``kc``/``vc`` [len, KV, d]: per head its largest score, the sum of
     exp(score - largest) and the value rows weighted by the run's own softmax, into ``part``
@@ -743,7 +751,7 @@ def _part(qr, kc, vc, c0, c1, scale, part):
     p = np.empty((H, c1 - c0), np.float32)
     _part_scores(qr, kc, vc, c0, c1, scale, p)
     _part_softmax(p, c1 - c0, part)
-    _part_mix(p, vc, c0, c1, part)
+    _part_mix(p, vc, c0, c1, part, kc, nx0, nx1)
 
 
 @njit(inline="always", error_model="numpy")
@@ -836,8 +844,9 @@ def attend_split(q, k, v, cos, sin, kc, vc, start, out):
         n = start + 1
         nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
         parts = np.empty((nch, H, d + PART_V), np.float32)
-        for c in prange(nch):
-            _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c])
+        for c in prange(nch):  # numba's static schedule: a thread's next run is c + 1
+            _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c],
+                  min(n, (c + 1) * ATTN_CHUNK), min(n, (c + 2) * ATTN_CHUNK))
         _merge(parts, nch, out[0])
         return
     for i in prange(T):
