@@ -226,13 +226,14 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
         # its next run before it computes this one, so that run's rows are read from memory
         # while this one's value sums compute from L2
         c = claim(sync, ph + 3)
+        warm = False
         while c < nch:
             cn = claim(sync, ph + 3)
             nx0 = min(n, cn * ATTN_CHUNK) if cn < nch else 0
             _part(qr, kl, vl, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c],
-                  nx0, min(n, (cn + 1) * ATTN_CHUNK) if cn < nch else 0)
+                  nx0, min(n, (cn + 1) * ATTN_CHUNK) if cn < nch else 0, warm)
             finish(sync, ph + 3)
-            c = cn
+            c, warm = cn, True
         wait_done(sync, ph + 3, nch)
         if serial(sync, ph + 4):
             _merge(parts, nch, o)

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, prange, types
+from numba import carray, config, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -310,6 +310,11 @@ ATTN_CHUNK = 64
 PART_M, PART_S, PART_V = 0, 1, 2
 
 
+#: blocks of consecutive runs a one-token :func:`attend_split` shares among threads, one a
+#: thread: each thread hints its next run's rows into L2 while it computes this one
+ATTN_BLOCKS = max(1, config.NUMBA_NUM_THREADS)
+
+
 def attn_chunks(n: int) -> int:
     """Runs of :data:`ATTN_CHUNK` positions that cover ``n`` positions."""
     return -(-n // ATTN_CHUNK)
@@ -549,7 +554,7 @@ def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t, step):
 
 
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
-def _part_scores(qr, kc, vc, c0, c1, scale, p):
+def _part_scores(qr, kc, vc, c0, c1, scale, p, warm):
     """``p[h, t - c0] = (qr[h] . kc[t, h // G]) * scale`` for c0 <= t < c1, G query heads per
     kv head: the cache is read in its order, four positions (AVX-512) or two at a time for four
     heads in SIMD lanes (:func:`_score_pairs`), what is left one key row at a time for the
@@ -561,10 +566,11 @@ def _part_scores(qr, kc, vc, c0, c1, scale, p):
     t = c0
     while t < c1:
         step = 4 if SCORE_QUADS and t + 4 <= c1 else 2 if t + 2 <= c1 else 1
-        # into L2: the value rows the mix reads next (:func:`_part_mix`), with their keys,
-        # and the key rows ATTN_AHEAD positions on
-        _prefetch_span(vc, t * KV * W, step * KV * W)
-        _prefetch_span(kc, (t + ATTN_AHEAD) * KV * W, step * KV * W)
+        if not warm:  # (warm: the run before hinted this run's rows, :func:`_part_mix`)
+            # into L2: the value rows the mix reads next (:func:`_part_mix`), with their
+            # keys, and the key rows ATTN_AHEAD positions on
+            _prefetch_span(vc, t * KV * W, step * KV * W)
+            _prefetch_span(kc, (t + ATTN_AHEAD) * KV * W, step * KV * W)
         for j in range(KV):
             h = j * G
             if step > 1:
@@ -582,7 +588,7 @@ MIX_VECS = 4 if "avx512f" in host_features() else 2
 
 
 @intrinsic
-def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d):
+def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d, kc, pfo, q):
     """Four heads' value sums over ``nt`` positions for one slice of :data:`MIX_VECS` x 8
     lanes: for k < 4 and i in ``i0 .. i0 + 8 MIX_VECS``, ``part.flat[po + k ps + i] = sum_t
     p.flat[wo + k ws + t] * value(vc.flat[vo + t vs + i])``, one fused multiply-add per
@@ -590,17 +596,20 @@ def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d):
     registers over the whole run, and each position's slice of its value row is loaded once for
     the four heads; a run's rows were read in pieces of one or two cache lines, so the row
     :data:`ATTN_PREFETCH` positions on is prefetched. ``vc`` float32, float16 as uint16 bits or
-    q8_0 int8 rows of ``d`` values."""
+    q8_0 int8 rows of ``d`` values. At position t the ``q`` cache lines from line ``t q`` on,
+    counted from element ``pfo`` of ``kc`` and of ``vc`` (the next run's rows), are hinted into
+    L2: memory reads while these sums compute."""
     kind = _cache_kind(vc.dtype)
     nv = MIX_VECS
     sig = types.void(part, types.intp, types.intp, vc, types.intp, types.intp, p, types.intp,
-                     types.intp, types.intp, types.intp, types.intp)
+                     types.intp, types.intp, types.intp, types.intp, kc, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
-        part_a, po, ps, vc_a, vo, vs, p_a, wo, ws, nt, i0, d = args
+        part_a, po, ps, vc_a, vo, vs, p_a, wo, ws, nt, i0, d, kc_a, pfo, q = args
         pptr = context.make_array(signature.args[0])(context, builder, part_a).data
         vptr = context.make_array(signature.args[3])(context, builder, vc_a).data
         wptr = context.make_array(signature.args[6])(context, builder, p_a).data
+        kptr = context.make_array(signature.args[12])(context, builder, kc_a).data
         fma = _fma8(builder)
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8))
                  for _ in range(nv)] for _ in range(4)]
@@ -612,6 +621,11 @@ def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d):
             for v in range(0, 8 * nv, line):
                 _prefetch(builder, vptr, builder.add(ahead, builder.add(
                     i0, ir.Constant(i0.type, v))))
+            with cgutils.for_range(builder, q) as pf:
+                at = builder.add(pfo, builder.mul(builder.add(builder.mul(t, q), pf.index),
+                                                  ir.Constant(t.type, line)))
+                _prefetch(builder, kptr, at, L2)
+                _prefetch(builder, vptr, at, L2)
             vals = [_load8(builder, vptr, row, builder.add(i0, ir.Constant(i0.type, 8 * v)),
                            kind, d) for v in range(nv)]
             for k in range(4):
@@ -631,27 +645,37 @@ def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d):
     return sig, codegen
 
 
-def _mix_heads(p, vc, c0, c1, part, j, h0, h1):
+def _mix_heads(p, vc, c0, c1, part, j, h0, h1, kc, pf0, pf1):
     """Positions ``c0 .. c1 - 1`` of kv head j into the sums of query heads ``h0 .. h1 - 1``
-    (:func:`_mix_4xn` four heads at a time where it applies); returns the first head left."""
+    (:func:`_mix_4xn` four heads at a time where it applies), elements ``pf0 .. pf1 - 1`` of
+    ``kc`` and ``vc`` hinted into L2 meanwhile; returns the first head left."""
 
 
 @overload(_mix_heads, inline="always")
-def _ol_mix_heads(p, vc, c0, c1, part, j, h0, h1):
-    if any(a.layout != "C" for a in (p, vc, part)):
+def _ol_mix_heads(p, vc, c0, c1, part, j, h0, h1, kc, pf0, pf1):
+    if any(a.layout != "C" for a in (p, vc, part, kc)):
         # arrays not known to be contiguous: one head and position at a time
-        return lambda p, vc, c0, c1, part, j, h0, h1: h0
+        return lambda p, vc, c0, c1, part, j, h0, h1, kc, pf0, pf1: h0
 
-    def impl(p, vc, c0, c1, part, j, h0, h1):
+    def impl(p, vc, c0, c1, part, j, h0, h1, kc, pf0, pf1):
         d = part.shape[1] - PART_V
         if d % (8 * MIX_VECS):
             return h0
         KV, W = vc.shape[1], vc.shape[2]
+        nt = c1 - c0
+        per_line = 64 // vc.itemsize
+        calls = ((h1 - h0) // 4) * (d // (8 * MIX_VECS))
+        lines = (max(0, pf1 - pf0) + per_line - 1) // per_line
+        each = (lines + calls - 1) // max(1, calls)  # lines a call hints
+        q = (each + nt - 1) // nt if nt > 0 else 0
+        m = 0
         h = h0
         while h + 4 <= h1:  # offsets into the C-contiguous arrays
             for i0 in range(0, d, 8 * MIX_VECS):
                 _mix_4xn(part, h * part.shape[1] + PART_V, part.shape[1], vc, (c0 * KV + j) * W,
-                         KV * W, p, h * p.shape[1], p.shape[1], c1 - c0, i0, d)
+                         KV * W, p, h * p.shape[1], p.shape[1], nt, i0, d, kc,
+                         pf0 + m * each * per_line, q)
+                m += 1
             h += 4
         return h
     return impl
@@ -670,12 +694,9 @@ def _part_mix(p, vc, c0, c1, part, kc, nx0, nx1):
     G = H // KV
     span = (nx1 - nx0) * KV * vc.shape[2]
     for j in range(KV):
-        if span > 0:
-            a = nx0 * KV * vc.shape[2] + span * j // KV
-            b = nx0 * KV * vc.shape[2] + span * (j + 1) // KV
-            _prefetch_span(kc, a, b - a)
-            _prefetch_span(vc, a, b - a)
-        h = _mix_heads(p, vc, c0, c1, part, j, j * G, (j + 1) * G)
+        a = nx0 * KV * vc.shape[2] + span * j // KV
+        b = nx0 * KV * vc.shape[2] + span * (j + 1) // KV
+        h = _mix_heads(p, vc, c0, c1, part, j, j * G, (j + 1) * G, kc, a, b)
         for g in range(h, (j + 1) * G):
             for i in range(d):
                 part[g, PART_V + i] = 0.0
@@ -740,7 +761,7 @@ def _part_softmax(p, n, part):
 
 
 @njit(inline="always", error_model="numpy")
-def _part(qr, kc, vc, c0, c1, scale, part, nx0=0, nx1=0):
+def _part(qr, kc, vc, c0, c1, scale, part, nx0=0, nx1=0, warm=False):
     """The partial attention of every query head (``qr`` [H, d], RoPE applied) over positions
     ``c0 .. c1 - 1`` of ``kc``/``vc`` [len, KV, d]: per head its largest score, the sum of
     exp(score - largest) and the value rows weighted by the run's own softmax, into ``part``
@@ -749,7 +770,7 @@ def _part(qr, kc, vc, c0, c1, scale, part, nx0=0, nx1=0):
     Qwen3 model's int8 activations across rounding ties: tests/test_bonsai.py)."""
     H = qr.shape[0]
     p = np.empty((H, c1 - c0), np.float32)
-    _part_scores(qr, kc, vc, c0, c1, scale, p)
+    _part_scores(qr, kc, vc, c0, c1, scale, p, warm)
     _part_softmax(p, c1 - c0, part)
     _part_mix(p, vc, c0, c1, part, kc, nx0, nx1)
 
@@ -844,9 +865,13 @@ def attend_split(q, k, v, cos, sin, kc, vc, start, out):
         n = start + 1
         nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
         parts = np.empty((nch, H, d + PART_V), np.float32)
-        for c in prange(nch):  # numba's static schedule: a thread's next run is c + 1
-            _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c],
-                  min(n, (c + 1) * ATTN_CHUNK), min(n, (c + 2) * ATTN_CHUNK))
+        nth = min(nch, ATTN_BLOCKS)
+        for th in prange(nth):  # a thread a block of runs (static schedule): its next is c + 1
+            for c in range(th * nch // nth, (th + 1) * nch // nth):
+                _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale,
+                      parts[c], min(n, (c + 1) * ATTN_CHUNK),
+                      min(n, (c + 2) * ATTN_CHUNK) if c + 1 < (th + 1) * nch // nth else 0,
+                      c > th * nch // nth)
         _merge(parts, nch, out[0])
         return
     for i in prange(T):
