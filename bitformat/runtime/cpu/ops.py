@@ -477,7 +477,7 @@ SCORE_QUADS = "avx512f" in host_features()
 
 
 @intrinsic
-def _dots_4x4(typingctx, qr, qo, qs, kc, ko, ks, n8, p, po, ps, scale):
+def _dots_4x4(typingctx, qr, qo, qs, kc, ko, ks, n8, p, po, ps, scale, pfo, pq):
     """:func:`_dots_4x2` for four cached keys: for k < 4 and r < 4, ``p.flat[po + k ps + r] =
     (sum_i qr.flat[qo + k qs + i] * value(kc.flat[ko + r ks + i])) * scale`` over i < 8 n8,
     each sum in 8 lanes of fused multiply-adds and the lanes added in :func:`_dots_4x2`'s tree
@@ -485,10 +485,11 @@ def _dots_4x4(typingctx, qr, qo, qs, kc, ko, ks, n8, p, po, ps, scale):
     left the loads, not the multiply-adds, as the limit."""
     kind = _cache_kind(kc.dtype)
     sig = types.void(qr, types.intp, types.intp, kc, types.intp, types.intp, types.intp, p,
-                     types.intp, types.intp, types.float32)
+                     types.intp, types.intp, types.float32, types.intp, types.intp)
+    line = 64 // ({"f32": 4, "f16": 2}.get(kind, 1))
 
     def codegen(context, builder, signature, args):
-        q_a, qo, qs, k_a, ko, ks, n8, p_a, po, ps, scale = args
+        q_a, qo, qs, k_a, ko, ks, n8, p_a, po, ps, scale, pfo, pq = args
         qptr = context.make_array(signature.args[0])(context, builder, q_a).data
         kptr = context.make_array(signature.args[3])(context, builder, k_a).data
         pptr = context.make_array(signature.args[7])(context, builder, p_a).data
@@ -500,6 +501,9 @@ def _dots_4x4(typingctx, qr, qo, qs, kc, ko, ks, n8, p, po, ps, scale):
             i = builder.mul(loop.index, ir.Constant(n8.type, 8))
             keys = _two_rows8(builder, kptr, ko, ks, i, kind, d) + _two_rows8(
                 builder, kptr, _k_off(builder, ko, ks, 2), ks, i, kind, d)
+            # the next run's key rows into L2: line ``index * pq`` (one hint per step)
+            _prefetch(builder, kptr, builder.add(pfo, builder.mul(builder.mul(
+                loop.index, pq), ir.Constant(pq.type, line))), L2)
             for k in range(4):
                 qv = _load8(builder, qptr, _k_off(builder, qo, qs, k), i, "f32", d)
                 for r in range(4):
@@ -522,18 +526,18 @@ def _dots_4x4(typingctx, qr, qo, qs, kc, ko, ks, n8, p, po, ps, scale):
     return sig, codegen
 
 
-def _score_pairs(qr, kc, c0, scale, p, j, h0, h1, t, step):
+def _score_pairs(qr, kc, c0, scale, p, j, h0, h1, t, step, pfo, pq):
     """Positions t .. t + step - 1 (step 2, or 4 where :data:`SCORE_QUADS`) of kv head j
     against query heads ``h0 .. h1 - 1`` into ``p`` (:func:`_dots_4x2`, :func:`_dots_4x4`,
     four heads at a time where it applies); returns the first head left."""
 
 
 @overload(_score_pairs, inline="always")
-def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t, step):
+def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t, step, pfo, pq):
     if any(a.layout != "C" for a in (qr, kc, p)):  # not known to be contiguous: _group_dots
-        return lambda qr, kc, c0, scale, p, j, h0, h1, t, step: h0
+        return lambda qr, kc, c0, scale, p, j, h0, h1, t, step, pfo, pq: h0
 
-    def impl(qr, kc, c0, scale, p, j, h0, h1, t, step):
+    def impl(qr, kc, c0, scale, p, j, h0, h1, t, step, pfo, pq):
         d = qr.shape[1]
         if d % 8:
             return h0
@@ -542,7 +546,8 @@ def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t, step):
         while h + 4 <= h1:  # offsets into the C-contiguous arrays
             if step == 4:
                 _dots_4x4(qr, h * d, d, kc, (t * KV + j) * W, KV * W, d // 8, p,
-                          h * p.shape[1] + t - c0, p.shape[1], scale)
+                          h * p.shape[1] + t - c0, p.shape[1], scale, pfo,
+                          pq if h == h0 else 0)
             else:
                 s = _dots_4x2(qr, h * d, d, kc, (t * KV + j) * W, KV * W, d // 8)
                 for k in range(4):
@@ -554,15 +559,22 @@ def _ol_score_pairs(qr, kc, c0, scale, p, j, h0, h1, t, step):
 
 
 @njit(cache=True, fastmath=_FAST, error_model="numpy")
-def _part_scores(qr, kc, vc, c0, c1, scale, p, warm):
+def _part_scores(qr, kc, vc, c0, c1, scale, p, warm, nx0, nx1):
     """``p[h, t - c0] = (qr[h] . kc[t, h // G]) * scale`` for c0 <= t < c1, G query heads per
     kv head: the cache is read in its order, four positions (AVX-512) or two at a time for four
     heads in SIMD lanes (:func:`_score_pairs`), what is left one key row at a time for the
-    heads that share it (:func:`_group_dots`)."""
+    heads that share it (:func:`_group_dots`). Where four positions go at a time, the key
+    rows of positions ``nx0 .. nx1 - 1`` (the run this thread takes next) are hinted into L2
+    a line or so per step of the sums (the value sums hint its value rows)."""
     H = qr.shape[0]
     KV = kc.shape[1]
     G = H // KV
     W = kc.shape[2]
+    per_line = 64 // kc.itemsize
+    n8 = max(1, qr.shape[1] // 8)  # steps of the dot products' loop, one hint each
+    span = (nx1 - nx0) * KV * W
+    calls = max(1, ((c1 - c0) // 4) * KV)  # the 4-position calls, one hinting a share
+    m = 0
     t = c0
     while t < c1:
         step = 4 if SCORE_QUADS and t + 4 <= c1 else 2 if t + 2 <= c1 else 1
@@ -574,7 +586,12 @@ def _part_scores(qr, kc, vc, c0, c1, scale, p, warm):
         for j in range(KV):
             h = j * G
             if step > 1:
-                h = _score_pairs(qr, kc, c0, scale, p, j, h, (j + 1) * G, t, step)
+                a = nx0 * KV * W + span * m // calls
+                b = nx0 * KV * W + span * (m + 1) // calls
+                lines = (b - a + per_line - 1) // per_line if step == 4 else 0
+                h = _score_pairs(qr, kc, c0, scale, p, j, h, (j + 1) * G, t, step, a,
+                                 (lines + n8 - 1) // n8)
+                m += step == 4
             if h < (j + 1) * G:  # one call site: each inlined copy of it is a compile
                 for u in range(t, t + step):
                     _group_dots(qr, h, (j + 1) * G, kc[u, j], scale, p, u - c0)
@@ -588,7 +605,7 @@ MIX_VECS = 4 if "avx512f" in host_features() else 2
 
 
 @intrinsic
-def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d, kc, pfo, q):
+def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d, kc, pfo, q, qk):
     """Four heads' value sums over ``nt`` positions for one slice of :data:`MIX_VECS` x 8
     lanes: for k < 4 and i in ``i0 .. i0 + 8 MIX_VECS``, ``part.flat[po + k ps + i] = sum_t
     p.flat[wo + k ws + t] * value(vc.flat[vo + t vs + i])``, one fused multiply-add per
@@ -597,15 +614,17 @@ def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d, kc, pfo,
     the four heads; a run's rows were read in pieces of one or two cache lines, so the row
     :data:`ATTN_PREFETCH` positions on is prefetched. ``vc`` float32, float16 as uint16 bits or
     q8_0 int8 rows of ``d`` values. At position t the ``q`` cache lines from line ``t q`` on,
-    counted from element ``pfo`` of ``kc`` and of ``vc`` (the next run's rows), are hinted into
-    L2: memory reads while these sums compute."""
+    counted from element ``pfo`` of ``vc`` (the next run's rows), are hinted into L2, and as
+    many of ``kc`` where ``qk`` (where the scores did not hint them): memory reads while these
+    sums compute."""
     kind = _cache_kind(vc.dtype)
     nv = MIX_VECS
     sig = types.void(part, types.intp, types.intp, vc, types.intp, types.intp, p, types.intp,
-                     types.intp, types.intp, types.intp, types.intp, kc, types.intp, types.intp)
+                     types.intp, types.intp, types.intp, types.intp, kc, types.intp, types.intp,
+                     types.intp)
 
     def codegen(context, builder, signature, args):
-        part_a, po, ps, vc_a, vo, vs, p_a, wo, ws, nt, i0, d, kc_a, pfo, q = args
+        part_a, po, ps, vc_a, vo, vs, p_a, wo, ws, nt, i0, d, kc_a, pfo, q, qk = args
         pptr = context.make_array(signature.args[0])(context, builder, part_a).data
         vptr = context.make_array(signature.args[3])(context, builder, vc_a).data
         wptr = context.make_array(signature.args[6])(context, builder, p_a).data
@@ -624,8 +643,11 @@ def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d, kc, pfo,
             with cgutils.for_range(builder, q) as pf:
                 at = builder.add(pfo, builder.mul(builder.add(builder.mul(t, q), pf.index),
                                                   ir.Constant(t.type, line)))
-                _prefetch(builder, kptr, at, L2)
                 _prefetch(builder, vptr, at, L2)
+            with cgutils.for_range(builder, qk) as pf:
+                at = builder.add(pfo, builder.mul(builder.add(builder.mul(t, qk), pf.index),
+                                                  ir.Constant(t.type, line)))
+                _prefetch(builder, kptr, at, L2)
             vals = [_load8(builder, vptr, row, builder.add(i0, ir.Constant(i0.type, 8 * v)),
                            kind, d) for v in range(nv)]
             for k in range(4):
@@ -674,7 +696,7 @@ def _ol_mix_heads(p, vc, c0, c1, part, j, h0, h1, kc, pf0, pf1):
             for i0 in range(0, d, 8 * MIX_VECS):
                 _mix_4xn(part, h * part.shape[1] + PART_V, part.shape[1], vc, (c0 * KV + j) * W,
                          KV * W, p, h * p.shape[1], p.shape[1], nt, i0, d, kc,
-                         pf0 + m * each * per_line, q)
+                         pf0 + m * each * per_line, q, 0 if SCORE_QUADS else q)
                 m += 1
             h += 4
         return h
@@ -770,7 +792,7 @@ def _part(qr, kc, vc, c0, c1, scale, part, nx0=0, nx1=0, warm=False):
     Qwen3 model's int8 activations across rounding ties: tests/test_bonsai.py)."""
     H = qr.shape[0]
     p = np.empty((H, c1 - c0), np.float32)
-    _part_scores(qr, kc, vc, c0, c1, scale, p, warm)
+    _part_scores(qr, kc, vc, c0, c1, scale, p, warm, nx0, nx1)
     _part_softmax(p, c1 - c0, part)
     _part_mix(p, vc, c0, c1, part, kc, nx0, nx1)
 
