@@ -237,12 +237,39 @@ def test_scores_four_keys_at_once_same_bits_as_two(kind):
     q = rng.standard_normal((heads, d)).astype(np.float32)
     p = np.full((heads, 6), np.nan, np.float32)
     scale = np.float32(1 / np.sqrt(d))
-    ops._part_scores(q, kc, kc, 0, 6, scale, p)
+    ops._part_scores(q, kc, kc, 0, 6, scale, p, False, 0, 0)
     for t in range(1, 6):
         np.testing.assert_array_equal(p[:, t], p[:, 0], err_msg=f"position {t}")
     keys = kvquant.load(c, 1, d)[0].astype(np.float64)
     want = np.array([q[h].astype(np.float64) @ keys[h // (heads // kv)] for h in range(heads)])
     np.testing.assert_allclose(p[:, 0], want * scale, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+def test_a_run_hinting_the_next_keeps_its_bits_and_the_caches(kind):
+    """A run of positions that hints the next run's rows into L2 (the decode step's claimed
+    next run, attend_split's next in its block), or skips its own hints because the run before
+    hinted them, gives the bits of a run without hints and leaves the caches as they were."""
+    from bitformat.runtime import kvquant
+
+    rng = np.random.default_rng(5)
+    heads, kv, d, n = 20, 5, 128, 200
+    c = {}
+    for name in "kv":
+        c[name] = np.zeros((n, kv, kvquant.row_width(kind, d)), kvquant.storage_dtype(kind))
+        kvquant.store(c[name], 0, rng.standard_normal((n, kv, d)).astype(np.float32))
+    kc, vc = ops.kernel_cache(c["k"]), ops.kernel_cache(c["v"])
+    before = kc.copy(), vc.copy()
+    q = rng.standard_normal((heads, d)).astype(np.float32)
+    scale = np.float32(1 / np.sqrt(d))
+    plain = np.empty((heads, d + ops.PART_V), np.float32)
+    ops._part(q, kc, vc, 64, 128, scale, plain, 0, 0, False)
+    for nx0, nx1, warm in ((128, 192, False), (128, 192, True), (192, 200, True)):
+        hinted = np.full_like(plain, np.nan)
+        ops._part(q, kc, vc, 64, 128, scale, hinted, nx0, nx1, warm)
+        np.testing.assert_array_equal(hinted, plain, err_msg=f"next {nx0}..{nx1}, warm {warm}")
+    np.testing.assert_array_equal(kc, before[0])
+    np.testing.assert_array_equal(vc, before[1])
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
