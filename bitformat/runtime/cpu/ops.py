@@ -497,13 +497,15 @@ def _dots_4x4(typingctx, qr, qo, qs, kc, ko, ks, n8, p, po, ps, scale, pfo, pq):
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8))
                  for _ in range(4)] for _ in range(4)]
         d = builder.mul(n8, ir.Constant(n8.type, 8))
+        # the next run's key rows into L2: ``pq`` lines a step of the loop below, hinted
+        # before it (a prompt's runs hint none, and their loop stays as it was)
+        with cgutils.for_range(builder, builder.mul(n8, pq)) as pf:
+            _prefetch(builder, kptr, builder.add(pfo, builder.mul(
+                pf.index, ir.Constant(pq.type, line))), L2)
         with cgutils.for_range(builder, n8) as loop:
             i = builder.mul(loop.index, ir.Constant(n8.type, 8))
             keys = _two_rows8(builder, kptr, ko, ks, i, kind, d) + _two_rows8(
                 builder, kptr, _k_off(builder, ko, ks, 2), ks, i, kind, d)
-            # the next run's key rows into L2: line ``index * pq`` (one hint per step)
-            _prefetch(builder, kptr, builder.add(pfo, builder.mul(builder.mul(
-                loop.index, pq), ir.Constant(pq.type, line))), L2)
             for k in range(4):
                 qv = _load8(builder, qptr, _k_off(builder, qo, qs, k), i, "f32", d)
                 for r in range(4):
@@ -572,8 +574,10 @@ def _part_scores(qr, kc, vc, c0, c1, scale, p, warm, nx0, nx1):
     W = kc.shape[2]
     per_line = 64 // kc.itemsize
     n8 = max(1, qr.shape[1] // 8)  # steps of the dot products' loop, one hint each
-    span = (nx1 - nx0) * KV * W
-    calls = max(1, ((c1 - c0) // 4) * KV)  # the 4-position calls, one hinting a share
+    calls = max(1, ((c1 - c0) // 4) * KV)  # the 4-position calls, each hinting a share
+    each = ((nx1 - nx0) * KV * W + per_line - 1) // per_line  # lines of the next run's keys
+    each = (each + calls - 1) // calls  # ... a call hints (past the run's end: a hint only)
+    pq = (each + n8 - 1) // n8  # lines per step of a call's loop
     m = 0
     t = c0
     while t < c1:
@@ -586,11 +590,8 @@ def _part_scores(qr, kc, vc, c0, c1, scale, p, warm, nx0, nx1):
         for j in range(KV):
             h = j * G
             if step > 1:
-                a = nx0 * KV * W + span * m // calls
-                b = nx0 * KV * W + span * (m + 1) // calls
-                lines = (b - a + per_line - 1) // per_line if step == 4 else 0
-                h = _score_pairs(qr, kc, c0, scale, p, j, h, (j + 1) * G, t, step, a,
-                                 (lines + n8 - 1) // n8)
+                h = _score_pairs(qr, kc, c0, scale, p, j, h, (j + 1) * G, t, step,
+                                 nx0 * KV * W + m * each * per_line, pq if step == 4 else 0)
                 m += step == 4
             if h < (j + 1) * G:  # one call site: each inlined copy of it is a compile
                 for u in range(t, t + step):
@@ -633,29 +634,37 @@ def _mix_4xn(typingctx, part, po, ps, vc, vo, vs, p, wo, ws, nt, i0, d, kc, pfo,
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8))
                  for _ in range(nv)] for _ in range(4)]
         line = 64 // ({"f32": 4, "f16": 2}.get(kind, 1))  # values per cache line
-        with cgutils.for_range(builder, nt) as loop:
-            t = loop.index
-            row = builder.add(vo, builder.mul(t, vs))
-            ahead = _k_off(builder, row, vs, ATTN_PREFETCH)
-            for v in range(0, 8 * nv, line):
-                _prefetch(builder, vptr, builder.add(ahead, builder.add(
-                    i0, ir.Constant(i0.type, v))))
-            with cgutils.for_range(builder, q) as pf:
-                at = builder.add(pfo, builder.mul(builder.add(builder.mul(t, q), pf.index),
-                                                  ir.Constant(t.type, line)))
-                _prefetch(builder, vptr, at, L2)
-            with cgutils.for_range(builder, qk) as pf:
-                at = builder.add(pfo, builder.mul(builder.add(builder.mul(t, qk), pf.index),
-                                                  ir.Constant(t.type, line)))
-                _prefetch(builder, kptr, at, L2)
-            vals = [_load8(builder, vptr, row, builder.add(i0, ir.Constant(i0.type, 8 * v)),
-                           kind, d) for v in range(nv)]
-            for k in range(4):
-                w = _splat8(builder, builder.load(builder.gep(
-                    wptr, [builder.add(_k_off(builder, wo, ws, k), t)])))
-                for v in range(nv):
-                    acc = accs[k][v]
-                    builder.store(builder.call(fma, [w, vals[v], builder.load(acc)]), acc)
+
+        def positions(hints):
+            with cgutils.for_range(builder, nt) as loop:
+                t = loop.index
+                row = builder.add(vo, builder.mul(t, vs))
+                ahead = _k_off(builder, row, vs, ATTN_PREFETCH)
+                for v in range(0, 8 * nv, line):
+                    _prefetch(builder, vptr, builder.add(ahead, builder.add(
+                        i0, ir.Constant(i0.type, v))))
+                for n, ptr in ((q, vptr), (qk, kptr)) if hints else ():
+                    with cgutils.for_range(builder, n) as pf:
+                        at = builder.add(pfo, builder.mul(builder.add(builder.mul(t, n),
+                                                                      pf.index),
+                                                          ir.Constant(t.type, line)))
+                        _prefetch(builder, ptr, at, L2)
+                vals = [_load8(builder, vptr, row, builder.add(
+                    i0, ir.Constant(i0.type, 8 * v)), kind, d) for v in range(nv)]
+                for k in range(4):
+                    w = _splat8(builder, builder.load(builder.gep(
+                        wptr, [builder.add(_k_off(builder, wo, ws, k), t)])))
+                    for v in range(nv):
+                        acc = accs[k][v]
+                        builder.store(builder.call(fma, [w, vals[v], builder.load(acc)]), acc)
+
+        # the loop with hints where there are any; a prompt's runs keep the loop without
+        hinted = builder.icmp_signed(">", builder.add(q, qk), ir.Constant(q.type, 0))
+        with builder.if_else(hinted) as (then, otherwise):
+            with then:
+                positions(True)
+            with otherwise:
+                positions(False)
         for k in range(4):
             row = builder.add(_k_off(builder, po, ps, k), i0)
             for v in range(nv):
