@@ -854,8 +854,9 @@ def _attend(qr, kc, vc, n, out):
     scale = np.float32(1.0 / math.sqrt(d))
     nch = (n + ATTN_CHUNK - 1) // ATTN_CHUNK
     parts = np.empty((nch, H, d + PART_V), np.float32)
-    for c in range(nch):
-        _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c])
+    for c in range(nch):  # each run hints the next one's rows (:func:`_part_mix`)
+        _part(qr, kc, vc, c * ATTN_CHUNK, min(n, (c + 1) * ATTN_CHUNK), scale, parts[c],
+              min(n, (c + 1) * ATTN_CHUNK), min(n, (c + 2) * ATTN_CHUNK), c > 0)
     _merge(parts, nch, out)
 
 
