@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -195,8 +196,6 @@ def main() -> None:
 def round_ratio(r: dict, base: dict) -> float:
     """The median over rounds of ``r``'s decode tok/s over i2_s's in the same round (the
     rounds run the containers one after the other within a minute)."""
-    import statistics
-
     return statistics.median(a / b for a, b in zip(r["decode_all"], base["decode_all"],
                                                     strict=True))
 

@@ -100,7 +100,7 @@ ONE_SCALE_ROWS = ("tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "colpack_u32")
 #: AVX-512 VBMI and ``BITFORMAT_CPU_LUT3=1`` asks for them, instead of stfma rows (2 bits).
 #: Not the default: on a 2-core AMD EPYC (VBMI) they decoded 2B-4T at 1.04-1.08x i2_s's speed
 #: in one run and 0.94-0.96x in another, but prefilled a 16-token prompt at 0.79-0.81x, where
-#: stfma rows give 0.95-1.0x and 1.0-1.1x (docs/benchmarks.md, "Decode of every container").
+#: stfma rows give 0.96-1.04x and 1.00-1.06x (docs/benchmarks.md, "Decode of every container").
 LUT3_ROWS = ("tq1_0", "iq1_bn")
 LUT3_ENV = "BITFORMAT_CPU_LUT3"
 

@@ -792,13 +792,15 @@ def _part_softmax(p, n, part):
 
 
 @njit(inline="always", error_model="numpy")
-def _part(qr, kc, vc, c0, c1, scale, part, nx0=0, nx1=0, warm=False):
+def _part(qr, kc, vc, c0, c1, scale, part, nx0, nx1, warm):
     """The partial attention of every query head (``qr`` [H, d], RoPE applied) over positions
     ``c0 .. c1 - 1`` of ``kc``/``vc`` [len, KV, d]: per head its largest score, the sum of
     exp(score - largest) and the value rows weighted by the run's own softmax, into ``part``
     [H, d + 2]. Normalized before mixing, as numpy's reference does: with one run the merge
     multiplies by exactly 1 (a merged form that divided once after the sums moved a tiny
-    Qwen3 model's int8 activations across rounding ties: tests/test_bonsai.py)."""
+    Qwen3 model's int8 activations across rounding ties: tests/test_bonsai.py). The rows of
+    positions ``nx0 .. nx1 - 1`` (the run this thread takes next; none where equal) are hinted
+    into L2 meanwhile; ``warm``: the run before hinted this run's, so it hints none of its own."""
     H = qr.shape[0]
     p = np.empty((H, c1 - c0), np.float32)
     _part_scores(qr, kc, vc, c0, c1, scale, p, warm, nx0, nx1)
