@@ -40,6 +40,7 @@ from bench_load import TreeWorker, _self_cpu  # noqa: E402
 SECTION = "Prefill and decode against context length (full-size synthetic 2B-4T, cpu)"
 OLD_SECTION = "Decode against context length (full-size synthetic 2B-4T, cpu)"
 MSG = "@@ctx "
+PAIR_STEPS = 4  # decode steps a block of the paired measurement takes at each context
 LLAMA = "llama.cpp"
 
 
@@ -75,6 +76,35 @@ class BitformatSide:
         return {"prefill_tps": len(prompt) / s.prompt_seconds, "decode_tps": s.generation_tps,
                 "kv_bytes": s.kv_bytes_last_token}
 
+    def paired(self, contexts: list[int], blocks: int, steps: int) -> dict:
+        """Decode steps at each of ``contexts`` (two sequences held at once, prefilled first)
+        taken in turn, ``steps`` at a time for ``blocks`` blocks: each block's ratio compares
+        steps a fraction of a second apart, so the machine's speed is the same for both."""
+        from bitformat.runtime.generate import generate_step
+        from bitformat.runtime.models.base import Segment
+        from bitformat.runtime.sampling import Sampler
+
+        net, grow = self.m.net, blocks * steps + 2
+        seqs = []
+        for c in contexts:
+            cache = net.new_cache(c + grow)
+            if hasattr(cache, "reserve"):
+                cache.reserve(c + grow)
+            token = next(generate_step(net, prompt_ids(c, self.vocab), max_new_tokens=1,
+                                       cache=cache))
+            seqs.append([cache, token, Sampler()])
+        ms: list[list[float]] = [[] for _ in contexts]
+        for b in range(blocks):
+            order = range(len(seqs)) if b % 2 == 0 else reversed(range(len(seqs)))
+            for i in order:
+                cache, token, sampler = seqs[i]
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    token = net.decode([Segment([token], cache)], [sampler])[0]
+                    ms[i].append((time.perf_counter() - t0) * 1e3)
+                seqs[i][1] = token
+        return {"contexts": contexts, "steps": steps, "ms": ms}
+
 
 class LlamaSide:
     """llama.cpp on the TQ2_0 copy (``bench_decode.LlamaRunner``, a context this long)."""
@@ -99,9 +129,13 @@ def worker(kind: str, model: str, steps: int, max_context: int, kv: str,
         side = BitformatSide(model, kv, threads)
     print(MSG + json.dumps({"ready": True, "vocab": side.vocab}), flush=True)
     for line in sys.stdin:
-        ctx = int(line)
-        prompt = prompt_ids(ctx, side.vocab)
         c0 = _self_cpu()
+        if line.startswith("pair "):  # "pair SHORT,LONG BLOCKS"
+            ctxs, blocks = line.split()[1:]
+            r = side.paired([int(c) for c in ctxs.split(",")], int(blocks), PAIR_STEPS)
+            print(MSG + json.dumps({**r, "cpu": _self_cpu() - c0}), flush=True)
+            continue
+        prompt = prompt_ids(int(line), side.vocab)
         r = side.run(prompt, steps)
         print(MSG + json.dumps({**r, "cpu": _self_cpu() - c0, "peak_rss": peak_rss()}),
               flush=True)
@@ -111,6 +145,7 @@ def worker(kind: str, model: str, steps: int, max_context: int, kv: str,
 class Worker(TreeWorker):
     def __init__(self, name: str, kind: str, tree: Path, model: str, steps: int,
                  max_context: int, kv: str, threads: int | None):
+        self.kind = kind
         super().__init__(name, tree, [
             str(Path(__file__).resolve()), "--worker", kind, model, "--steps", str(steps),
             "--max-context", str(max_context), "--kv-cache", kv]
@@ -137,6 +172,12 @@ def main() -> None:
     ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out")
     ap.add_argument("--llama-file", type=Path,
                     help="where the llama.cpp copy goes (default: beside MODEL)")
+    ap.add_argument("--pair", default="8,3072",
+                    help="SHORT,LONG: each round, bitformat's workers also take decode steps "
+                         "at the two contexts in turn, 4 at a time, for a ratio the machine's "
+                         "speed changes cannot skew ('' leaves it out)")
+    ap.add_argument("--pair-blocks", type=int, default=16,
+                    help="blocks of the paired measurement per round")
     ap.add_argument("--max-other", type=float, default=0.25)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "context-decode.png")
@@ -175,6 +216,7 @@ def main() -> None:
     workers = [Worker(n, kind, tree, path, a.steps, max(contexts), kv, a.threads)
                for n, kind, tree, path, kv in specs]
     res: dict[str, dict[int, list[dict]]] = {w.name: {c: [] for c in contexts} for w in workers}
+    pairs: dict[str, list[dict]] = {w.name: [] for w in workers if w.kind != "llama"}
     try:
         for r in range(a.rounds):
             for c in contexts:
@@ -187,6 +229,14 @@ def main() -> None:
                           f"decode {m['decode_tps']:6.2f} tok/s, peak "
                           f"{m['peak_rss'] / 2**30:.2f} GiB (other {m['other']:.2f})",
                           flush=True)
+            for w in workers:
+                if a.pair and w.name in pairs:
+                    p = w.ask(f"pair {a.pair} {a.pair_blocks}")
+                    pairs[w.name].append(p)
+                    rs = pair_ratios(p)
+                    print(f"round {r} {w.name:15s} paired {a.pair}: decode ratio per block "
+                          f"{statistics.median(rs):.3f} ({min(rs):.3f}-{max(rs):.3f}), other "
+                          f"{p['other']:.2f}", flush=True)
     finally:
         for w in workers:
             w.close()
@@ -194,7 +244,8 @@ def main() -> None:
            "kv": a.kv_cache, "threads": a.threads,
            "baseline_commit": _commit(a.baseline) if a.baseline else None,
            "minutes": (time.time() - t_start) / 60,
-           "results": {n: {str(c): v for c, v in d.items()} for n, d in res.items()}}
+           "results": {n: {str(c): v for c, v in d.items()} for n, d in res.items()},
+           "paired": pairs}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     report(out, contexts, a)
@@ -219,6 +270,15 @@ def _commit(tree: Path) -> str:
     """The commit ``tree`` was archived from (git archive writes it into no file: the caller
     names it with BASELINE_COMMIT), else its path."""
     return os.environ.get("BASELINE_COMMIT", str(tree))
+
+
+def pair_ratios(p: dict) -> list[float]:
+    """Each block's decode speed at the long context over the short one's (median step times
+    of the block, short / long)."""
+    k = p["steps"]
+    short, long_ = p["ms"]
+    return [statistics.median(short[i:i + k]) / statistics.median(long_[i:i + k])
+            for i in range(0, len(short), k)]
 
 
 def _med(ms: list[dict], key: str) -> float:
@@ -279,6 +339,22 @@ def section(out: dict, contexts: list[int]) -> str:
             ratio = _med(res[n][str(c)], "decode_tps") / _med(res[n][str(short)], "decode_tps")
             lines.append(f"- {n}: decode at L = {c:,} is {ratio:.2f} of its speed at L = "
                          f"{short} (target, issue 23: at least 0.6).")
+    for n, ps in out.get("paired", {}).items():
+        if not ps:
+            continue
+        c_short, c_long = ps[0]["contexts"]
+        rs = [pair_ratios(p) for p in ps]
+        every = [x for r in rs for x in r]
+        step = [statistics.median(p["ms"][i]) for i in (0, 1) for p in ps]
+        lines.append(
+            f"- {n}, paired (the two contexts held at once, {ps[0]['steps']} decode steps at "
+            f"each in turn, {len(every) // len(ps)} blocks a round): decode at L = {c_long:,} "
+            f"is {statistics.median(every):.2f} of its speed at L = {c_short} (each block's "
+            f"ratio; rounds' medians " + ", ".join(f"{statistics.median(r):.2f}" for r in rs)
+            + f"; blocks {min(every):.2f}-{max(every):.2f}). Step "
+            + ", ".join(f"{x:.1f}" for x in step[:len(ps)]) + f" ms at {c_short}, "
+            + ", ".join(f"{x:.1f}" for x in step[len(ps):]) + f" ms at {c_long:,} (rounds' "
+            f"medians; other processes at most {max(p['other'] for p in ps):.2f} cores).")
     if llama:
         for m in mine:
             dec = min(_med(res[m][str(c)], "decode_tps") / _med(res[llama][str(c)], "decode_tps")

@@ -92,7 +92,9 @@ def _bf16_embedding_copy(src: Path, out: Path) -> None:
 
 #: the variants a second process runs in parallel on a machine with two or more cores: the
 #: rANS decoders and encoder (about half of the compilation, little shared with the rest)
-SECOND = ("rans", "rans:fused")
+#: the second process's variants, in its order: the fused decode's kernels are its own, the
+#: decoded-at-load ones mostly the other process's, cached on disk by the time it gets there
+SECOND = ("rans:fused", "rans")
 
 
 def _variants() -> list[tuple[str, str]]:
@@ -107,14 +109,15 @@ def _run_variants(backend: str, names: list[str] | None,
                   progress: Callable[[str, int, int], None] | None,
                   done: Callable[[WarmupStep], None] | None = None,
                   batch: bool = True) -> list[WarmupStep]:
-    """:meth:`~.loader.LoadedModel.warmup` of each variant ``names`` (default all); the
-    split attention and the batched step (the same kernels for every container) with the
-    first, where ``batch``."""
+    """:meth:`~.loader.LoadedModel.warmup` of each variant ``names`` (default all, in their
+    order); first, where ``batch``, the split attention and the batched step (the same kernels
+    for every container) on the tiny model, its time counted in the first variant's."""
     from ..container import convert
     from ..synth import synth
     from .loader import load
 
-    variants = [(v, w) for v, w in _variants() if names is None or v in names]
+    what_of = dict(_variants())
+    variants = [(v, what_of[v]) for v in (names or what_of)]
     steps: list[WarmupStep] = []
     with tempfile.TemporaryDirectory(prefix="bitformat-warmup-") as tmp:
         d = Path(tmp)
@@ -128,15 +131,15 @@ def _run_variants(backend: str, names: list[str] | None,
             extra = {"decode": decode} if decode and backend != "numpy" else {}
             heard: list[str] = []
             with on_compile(heard.append):
+                if batch and i == 0:  # kernels no variant's prompt and step compile
+                    with load(base, backend=backend) as m:
+                        m.warmup(parts=("long", "batch"))
                 if fid == "bf16":
                     _bf16_embedding_copy(base, path)
                 elif fid != "i2_s" and not path.exists():
                     convert(base, path, fid)
                 with load(path, backend=backend, **extra) as m:
-                    # the split attention and the batched step: the same kernels for every
-                    # container, once
-                    m.warmup(parts=("prompt", "step") + (("long", "batch") if batch and i == 0
-                                                         else ()))
+                    m.warmup(parts=("prompt", "step"))
             steps.append(WarmupStep(what, time.perf_counter() - t0, len(heard)))
             if done is not None:
                 done(steps[-1])
