@@ -430,35 +430,35 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
                 click.echo(r.text, nl=False)
         stats = model.last_stats
         hs = model.head_stats()
-    if as_json:
-        click.echo(json.dumps({
-            "tokens": tokens, "text": "".join(pieces), "finish_reason": finish,
-            "backend": backend, "container": model.container,
-            "decode": decode if model.container == "rans" and backend != "numpy" else None,
-            "load_seconds": model.load_seconds,
-            "prompt_tokens": stats.prompt_tokens, "prompt_tokens_per_s": stats.prompt_tps,
-            "generated_tokens": stats.generated_tokens,
-            "generation_tokens_per_s": stats.generation_tps,
-            "head": hs["head"],
-            "candidates_per_step_mean": hs["candidates_per_step_mean"],
-            "candidates_per_step_max": hs["candidates_per_step_max"],
-            "rescored_per_step_mean": hs["rescored_per_step_mean"],
-            "head_fallbacks": hs["head_fallbacks"],
-            # the screen's code width (int8, int7, int6) and the head's switches between them
-            "screen_bits": hs.get("screen_bits"),
-            "screen_switches": hs.get("screen_switches", []),
-            "head_bytes_per_token": hs["head_bytes_per_step"],
-            "bytes_read_per_token": hs["bytes_read_per_token"],
-            "kv_cache": kv_cache, "kv_cache_bytes_last_token": stats.kv_bytes_last_token,
-        }))
-        return
-    click.echo()
-    click.echo(f"[{model.container} on {backend}] loaded in {model.load_seconds:.2f} s, "
-               f"prompt {stats.prompt_tokens} tokens at "
-               f"{stats.prompt_tps:.1f} tok/s, generated {stats.generated_tokens} at "
-               f"{stats.generation_tps:.1f} tok/s, {hs['bytes_read_per_token'] / 1e6:.2f} MB "
-               f"read per token (KV cache {stats.kv_bytes_last_token / 1e6:.3f} MB, {hs['head']} "
-               f"head {hs['head_bytes_per_step'] / 1e6:.2f} MB)", err=True)
+        if as_json:
+            click.echo(json.dumps({
+                "tokens": tokens, "text": "".join(pieces), "finish_reason": finish,
+                "backend": backend, "container": model.container,
+                "decode": decode if model.container == "rans" and backend != "numpy" else None,
+                "load_seconds": model.load_seconds,
+                "prompt_tokens": stats.prompt_tokens, "prompt_tokens_per_s": stats.prompt_tps,
+                "generated_tokens": stats.generated_tokens,
+                "generation_tokens_per_s": stats.generation_tps,
+                "head": hs["head"],
+                "candidates_per_step_mean": hs["candidates_per_step_mean"],
+                "candidates_per_step_max": hs["candidates_per_step_max"],
+                "rescored_per_step_mean": hs["rescored_per_step_mean"],
+                "head_fallbacks": hs["head_fallbacks"],
+                # the screen's code width (int8, int7, int6) and the head's switches between them
+                "screen_bits": hs.get("screen_bits"),
+                "screen_switches": hs.get("screen_switches", []),
+                "head_bytes_per_token": hs["head_bytes_per_step"],
+                "bytes_read_per_token": hs["bytes_read_per_token"],
+                "kv_cache": kv_cache, "kv_cache_bytes_last_token": stats.kv_bytes_last_token,
+            }))
+            return
+        click.echo()
+        click.echo(f"[{model.container} on {backend}] loaded in {model.load_seconds:.2f} s, "
+                   f"prompt {stats.prompt_tokens} tokens at {stats.prompt_tps:.1f} tok/s, "
+                   f"generated {stats.generated_tokens} at {stats.generation_tps:.1f} tok/s, "
+                   f"{hs['bytes_read_per_token'] / 1e6:.2f} MB read per token (KV cache "
+                   f"{stats.kv_bytes_last_token / 1e6:.3f} MB, {hs['head']} head "
+                   f"{hs['head_bytes_per_step'] / 1e6:.2f} MB)", err=True)
 
 
 @main.command()
