@@ -254,3 +254,39 @@ def test_steps_run_op_by_op_until_the_one_call_step_is_compiled(tiny_gguf):
         assert m.backend.step_compiled is None  # asked once more, then never again
         assert (m.net._plan not in (False, None)) == has_plan
     assert first == want and again == want
+
+
+def test_a_first_run_says_when_it_waits_for_the_compile_helper(tiny_gguf, monkeypatch):
+    """On an empty kernel cache `run` ends by waiting for the helper that fills the cache for
+    later runs: it says so on stderr after the speeds, with the seconds it waited, and the
+    helper has ended when the command has (a helper already done: no such line)."""
+    import subprocess
+    import sys
+
+    from bitformat.runtime import warmup
+
+    procs = []
+
+    def fake_helper(code):
+        def start(*_a, **_k):
+            procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE))
+            return procs[-1]
+        return start
+
+    slow = ("import sys, time; sys.stdout.write('layers compiled\\n'); sys.stdout.flush(); "
+            "time.sleep(5)")
+    monkeypatch.setattr(warmup, "start_helper", fake_helper(slow))
+    r = CliRunner().invoke(main, ["run", str(tiny_gguf), "-p", "hi", "-n", 3])
+    assert r.exit_code == 0, r.output
+    err = r.stderr
+    assert "finishing the kernel cache for later runs" in err
+    assert err.index("generated 3 at") < err.index("finishing the kernel cache")
+    waited = float(err.split("next run)...")[1].split()[0])
+    assert waited > 0 and procs[-1].poll() is not None
+    done = "import sys; sys.stdout.write('layers compiled\\n'); sys.stdout.flush()"
+    monkeypatch.setattr(warmup, "start_helper", fake_helper(done))
+    r = CliRunner().invoke(main, ["run", str(tiny_gguf), "-p", "hi", "-n", 3, "--json"])
+    assert r.exit_code == 0, r.output
+    assert procs[-1].poll() is not None  # (a helper that ended before the run's end)
+    assert "finishing the kernel cache" not in r.stderr
+    assert json.loads(r.stdout)["generated_tokens"] == 3

@@ -158,8 +158,29 @@ def main() -> None:
         machines[res["cpu"]] = {"date": datetime.date.today().isoformat(),
                                 "lines": machine_lines(res, a), "results": res}
         DATA.write_text(json.dumps(machines, indent=1) + "\n")
-        replace_section(DOC, SECTION, section(machines, res["cpu"], a),
+        replace_section(DOC, SECTION, section(machines, res["cpu"], a, kept_notes(DOC)),
                         after="Decode on the CPU (full-size synthetic 2B-4T)")
+
+
+SLOWEST = "The slowest functions the first `run` compiled itself: "
+
+
+def kept_notes(doc: Path) -> dict[str, str]:
+    """The hand-written text under each machine's table (after its line of slowest
+    functions, up to the next subsection), by machine, so that a new run keeps it."""
+    text = doc.read_text() if doc.exists() else ""
+    start = text.find(f"## {SECTION}")
+    if start < 0:
+        return {}
+    end = text.find("\n## ", start + 1)
+    notes = {}
+    for part in text[start:end if end >= 0 else len(text)].split("\n### ")[1:]:
+        name = part.split("\n", 1)[0].rsplit(" (", 1)[0]
+        at = part.find(SLOWEST)
+        rest = part[part.find("\n", at) + 1:].strip() if at >= 0 else ""
+        if rest:
+            notes[name] = rest
+    return notes
 
 
 def _cold_row(what: str, r: dict) -> str:
@@ -202,14 +223,14 @@ def machine_lines(res: dict, a) -> list[str]:
         dm = res["demo"]
         lines.append(f"| `make demo` (tools/demo.sh: synth, 7 converts, inspect, report, run), "
                      f"empty cache | | {dm['total_s']:.1f} s | | {dm['cpu_busy_cores']:.2f} |")
-    lines += ["", "The slowest functions the first `run` compiled itself: " +
+    lines += ["", SLOWEST +
               ", ".join(f"{n} {own:.1f} s" for n, (inc, own) in funcs) + "."]
     return lines
 
 
-def section(machines: dict, cpu: str, a) -> str:
+def section(machines: dict, cpu: str, a, notes: dict[str, str] | None = None) -> str:
     """The section: how it is measured, a table per machine measured (``DATA``; this one
-    first), and how a first run works."""
+    first) with the text written under it by hand (``notes``), and how a first run works."""
     lines = [f"## {SECTION}", "",
              f"Command: `python tools/bench_cold_start.py {Path(a.model).name} --write` on "
              "`bitformat synth --preset 2b4t` (i2_s). Each figure is a new process with an "
@@ -219,6 +240,8 @@ def section(machines: dict, cpu: str, a) -> str:
              "on 2B-4T within 30 s, `warmup` within 90 s."]
     for name in sorted(machines, key=lambda m: m != cpu):
         lines += ["", f"### {name} ({machines[name]['date']})", "", *machines[name]["lines"]]
+        if (notes or {}).get(name):
+            lines += ["", notes[name]]
     lines += ["", "### How a first run compiles", "",
               "On an empty cache `run` starts a second process that compiles the layer "
               "kernels on a tiny synthetic model of the same family and container while the "
