@@ -240,8 +240,9 @@ def section(machines: dict, cpu: str, a, notes: dict[str, str] | None = None) ->
              "on 2B-4T within 30 s, `warmup` within 90 s."]
     for name in sorted(machines, key=lambda m: m != cpu):
         lines += ["", f"### {name} ({machines[name]['date']})", "", *machines[name]["lines"]]
-        if (notes or {}).get(name):
-            lines += ["", notes[name]]
+        note = (notes or {}).get(name, "")
+        if note and note not in "\n".join(machines[name]["lines"]):  # (older runs kept theirs)
+            lines += ["", note]
     lines += ["", "### How a first run compiles", "",
               "On an empty cache `run` starts a second process that compiles the layer "
               "kernels on a tiny synthetic model of the same family and container while the "

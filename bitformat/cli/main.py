@@ -399,8 +399,9 @@ def run(file: Path, prompt: str | None, prompt_file, prompt_ids: str | None, max
     """Generate text from FILE (any container or HF folder), streaming as it goes.
 
     The first run on a machine compiles the cpu kernels (said on stderr, kept out of the
-    reported speeds): on 2 cores the full-size 2B-4T's first token comes 20-22 s after the
-    start instead of 6-9 s; `bitformat warmup` does it ahead. For a conversation of several
+    reported speeds): on 2 cores the full-size 2B-4T's first token comes 19-25 s after the
+    start instead of 4-9 s, and a short run then waits about 30 s while the rest compiles for
+    later runs; `bitformat warmup` does it ahead. For a conversation of several
     turns, use `bitformat chat`."""
     from .helpers import ready_model
 
@@ -514,7 +515,7 @@ def warmup(backend: str) -> None:
     numba compiles the cpu kernels for the CPU that runs them, on first use, and caches them
     on disk (beside the installed package, or in NUMBA_CACHE_DIR); pip cannot do it at install
     time. This runs a tiny synthetic model through every container once, and a batched step
-    as `serve` runs it, in two processes (46-84 s on 2 cores the first time, seconds
+    as `serve` runs it, in two processes (46-86 s on 2 cores the first time, seconds
     afterwards), so the first `bitformat run` or `serve` starts at once."""
     from tqdm import tqdm
 
