@@ -176,8 +176,8 @@ def kept_notes(doc: Path) -> dict[str, str]:
     notes = {}
     for part in text[start:end if end >= 0 else len(text)].split("\n### ")[1:]:
         name = part.split("\n", 1)[0].rsplit(" (", 1)[0]
-        at = part.find(SLOWEST)
-        rest = part[part.find("\n", at) + 1:].strip() if at >= 0 else ""
+        nl = part.find("\n", part.find(SLOWEST)) if SLOWEST in part else -1
+        rest = part[nl + 1:].strip() if nl >= 0 else ""
         if rest:
             notes[name] = rest
     return notes
