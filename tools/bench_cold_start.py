@@ -168,13 +168,10 @@ SLOWEST = "The slowest functions the first `run` compiled itself: "
 def kept_notes(doc: Path) -> dict[str, str]:
     """The hand-written text under each machine's table (after its line of slowest
     functions, up to the next subsection), by machine, so that a new run keeps it."""
-    text = doc.read_text() if doc.exists() else ""
-    start = text.find(f"## {SECTION}")
-    if start < 0:
-        return {}
-    end = text.find("\n## ", start + 1)
+    from benchdoc import section_text
+
     notes = {}
-    for part in text[start:end if end >= 0 else len(text)].split("\n### ")[1:]:
+    for part in section_text(doc, SECTION).split("\n### ")[1:]:
         name = part.split("\n", 1)[0].rsplit(" (", 1)[0]
         nl = part.find("\n", part.find(SLOWEST)) if SLOWEST in part else -1
         rest = part[nl + 1:].strip() if nl >= 0 else ""

@@ -7,15 +7,21 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
-def section_tail(doc: Path, title: str) -> str:
-    """The hand-written text of the ``## title`` section after its first table (with the
-    blank line before it), so a tool that rewrites the table can keep it; '' if none."""
+def section_text(doc: Path, title: str) -> str:
+    """The ``## title`` section of ``doc`` as it stands, up to the next ``## `` heading; ''
+    if there is none."""
     text = doc.read_text() if doc.exists() else ""
     start = text.find(f"## {title}")
     if start < 0:
         return ""
     end = text.find("\n## ", start + 1)
-    lines = text[start:end if end >= 0 else len(text)].split("\n")
+    return text[start:end if end >= 0 else len(text)]
+
+
+def section_tail(doc: Path, title: str) -> str:
+    """The hand-written text of the ``## title`` section after its first table (with the
+    blank line before it), so a tool that rewrites the table can keep it; '' if none."""
+    lines = section_text(doc, title).split("\n")
     seen = False
     for i, line in enumerate(lines):
         if line.startswith("|"):

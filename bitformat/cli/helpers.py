@@ -197,18 +197,17 @@ def ready_model(file: Path, backend: str, i2s_layout: str, threads: int | None,
                 notice.close()
             yield model
             if helper is not None:  # let it finish filling the kernel cache
-                if helper.poll() is None:
+                waits, t0 = helper.poll() is None, time.perf_counter()
+                if waits:
                     click.echo("finishing the kernel cache for later runs (the one-call decode "
                                "step, long-context attention; Ctrl-C leaves the rest to the "
                                "next run)...", err=True, nl=False)
-                    t0 = time.perf_counter()
                     # the attention here, the one-call step there: both cores compile
                     model.warmup(parts=("long",))
-                    finish_helper(helper)
-                    click.echo(f" {time.perf_counter() - t0:.1f} s", err=True)
-                else:
-                    finish_helper(helper)
+                finish_helper(helper)
                 helper = None
+                if waits:
+                    click.echo(f" {time.perf_counter() - t0:.1f} s", err=True)
     finally:
         if helper is not None and helper.poll() is None:  # interrupted: the helper goes too
             helper.kill()

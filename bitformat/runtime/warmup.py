@@ -90,10 +90,10 @@ def _bf16_embedding_copy(src: Path, out: Path) -> None:
         w.write(iter(blobs))
 
 
-#: the variants a second process runs in parallel on a machine with two or more cores: the
-#: rANS decoders and encoder (about half of the compilation, little shared with the rest)
-#: the second process's variants, in its order: the fused decode's kernels are its own, the
-#: decoded-at-load ones mostly the other process's, cached on disk by the time it gets there
+#: the variants a second process runs in parallel on a machine with two or more cores, in
+#: its order: the rANS encoder and fused decode first (kernels of their own), then the
+#: decoded-at-load variant, whose kernels are mostly the first process's, cached on disk by
+#: the time it gets there
 SECOND = ("rans:fused", "rans")
 
 
