@@ -9,7 +9,9 @@ Per round and run, the CPU time other processes took while it ran is read from /
 (the machine's busy time less the worker's own, /proc/PID/stat); a run where others took more
 than ``--max-others`` of the machine is run again (up to twice). ``--write`` puts the table
 into docs/benchmarks.md, the figures into docs/data/container-decode.json, and this CPU's
-ratios into bitformat/data/container_costs.json, which ``bitformat inspect`` quotes.
+ratios into bitformat/data/container_costs.json, which ``bitformat inspect`` quotes. Builds
+named with ``--builds`` (a build this CPU would not pick, e.g. avx2 on an AVX-512 CPU) get a
+section and a JSON file of their own, so the main section keeps this CPU's default.
 """
 
 from __future__ import annotations
@@ -92,6 +94,12 @@ def main() -> None:
     if "i2_s" not in fids:
         fids.insert(0, "i2_s")
     builds = [b.strip() for b in a.builds.split(",") if b.strip()]
+    # this CPU's own build fills the main section; named builds get a section of their own
+    section, data_file = SECTION, DATA
+    if builds != ["auto"]:
+        named = f"{'/'.join(builds)} build{'s' if len(builds) > 1 else ''} forced"
+        section = SECTION.replace(" (", f", {named} (", 1)
+        data_file = DATA.with_name(f"container-decode-{'-'.join(builds)}.json")
     src, out = Path(a.model), Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     paths, made = bd.convert_missing(src, out, fids, "containers")
@@ -111,13 +119,17 @@ def main() -> None:
             workers[-1].ask("run", prompt, 4)  # warm-up: page cache, compilation
             print(f"  {spec[0]}: loaded in {workers[-1].load_s:.1f} s, warmed up in "
                   f"{time.perf_counter() - t0:.1f} s", flush=True)
+        per_build = len(fids)  # each build's workers in turn, its i2_s first
         for i in range(a.repeat):
-            for w in workers:
-                r = timed_round(w, prompt, a.tokens, a.max_others)
-                w.runs.append(r)
-                print(f"  round {i + 1} {w.label:22} prefill {r['prefill_tps']:7.1f} tok/s  "
-                      f"decode {r['decode_tps']:6.2f} tok/s  others {100 * r['others']:4.1f}%"
-                      + (f" ({r['attempts']} tries)" if r["attempts"] > 1 else ""), flush=True)
+            for g in range(0, len(workers), per_build):
+                base, *others = workers[g: g + per_build]
+                before = run_once(base, i, prompt, a)
+                for w in others:
+                    r = run_once(w, i, prompt, a)
+                    after = run_once(base, i, prompt, a)
+                    for k in ("decode_tps", "prefill_tps"):  # i2_s either side of the run
+                        r["anchor_" + k] = (before[k] + after[k]) / 2
+                    before = after
     finally:
         for w in workers:
             w.close()
@@ -129,6 +141,8 @@ def main() -> None:
     for w in workers:
         s = w.summary()
         s["others_max"] = max(r["others"] for r in w.runs)
+        s["anchored"] = [{k: r[k] for k in r if k.endswith("_tps")} for r in w.runs
+                         if "anchor_decode_tps" in r]
         s["fid"] = w.label.split(" ")[0]
         s["build"] = s["kernel"]
         rows.append(s)
@@ -137,8 +151,9 @@ def main() -> None:
     for r in rows:
         base = ref[r["build"]]
         r["decode_ratio"] = r["decode_tps"] / base["decode_tps"]
-        r["decode_ratio_rounds"] = round_ratio(r, base)
         r["prefill_ratio"] = r["prefill_tps"] / base["prefill_tps"]
+        r["decode_ratio_rounds"] = anchored_ratio(r, "decode_tps")
+        r["prefill_ratio_rounds"] = anchored_ratio(r, "prefill_tps")
         r["same_tokens"] = all(t == base["tokens"][0] for t in r["tokens"])
         if not r["same_tokens"]:
             bad.append(r["label"])
@@ -147,27 +162,31 @@ def main() -> None:
     cmd = (f"python tools/bench_containers.py --model {a.model} --builds {a.builds} "
            f"--threads {a.threads} --prompt {a.prompt} --tokens {a.tokens} --repeat {a.repeat} "
            "--write")
-    lines = [f"## {SECTION}", "",
+    lines = [f"## {section}", "",
              f"Command: `{cmd}`. Machine: {machine}; CPU features {flags}. {elapsed:.0f} s. "
              f"Each container runs in its own process ({a.threads} threads), warmed up, then "
              f"{a.repeat} rounds interleave the containers: a {a.prompt}-token prompt, then "
-             f"{a.tokens} greedy decode steps. Medians; the ratios are to i2_s of the same "
-             "build in the same run, of the medians and, less moved by the machine's speed "
-             "changing between rounds, the median of each round's ratio. 'others' is the most "
-             "CPU other processes took during one "
+             f"{a.tokens} greedy decode steps, i2_s run again before and after each other "
+             "container's run. Medians (i2_s's over all its runs). The ratios to i2_s of the "
+             "same build: 'vs i2_s' of the medians; 'anchored' the median over rounds of a run "
+             "over the mean of the i2_s runs either side of it, seconds apart, which the "
+             "machine's speed changing over minutes moves far less (what the README and "
+             "`inspect` quote). 'others' is the most CPU other processes took during one "
              "of the container's runs (/proc/stat less the worker's own time; a run above "
              f"{100 * a.max_others:.0f}% is run again). Tokens: every run's greedy tokens "
              "against i2_s's (docs/model.md §2).", "",
-             "| container | build | bytes read a token | prefill tok/s | decode tok/s (rounds) "
-             "| decode vs i2_s | the same, round by round | prefill vs i2_s | others "
-             "| same tokens |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| container | build | bytes read a token | prefill tok/s | decode tok/s (runs) "
+             "| decode vs i2_s | decode, anchored | prefill vs i2_s | prefill, anchored "
+             "| others | same tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        runs = ", ".join(f"{x:.2f}" for x in r["decode_all"])
+        d = r["decode_all"]
+        runs = (", ".join(f"{x:.2f}" for x in d) if len(d) <= 6
+                else f"{len(d)} runs, {min(d):.2f}-{max(d):.2f}")
         lines.append(f"| {r['fid']} | {r['build']} | {r['bytes'] / 1e9:.3f} GB | "
                      f"{r['prefill_tps']:.1f} | {r['decode_tps']:.2f} ({runs}) | "
                      f"{r['decode_ratio']:.2f}x | {r['decode_ratio_rounds']:.2f}x | "
-                     f"{r['prefill_ratio']:.2f}x | "
+                     f"{r['prefill_ratio']:.2f}x | {r['prefill_ratio_rounds']:.2f}x | "
                      f"{100 * r['others_max']:.0f}% | {'yes' if r['same_tokens'] else 'NO'} |")
     report = "\n".join(lines) + "\n"
     print(report)
@@ -177,32 +196,49 @@ def main() -> None:
         from benchdoc import DOC, replace_section, section_tail
 
         # the notes under the table are written by hand (what changed, the targets): kept
-        replace_section(DOC, SECTION, report + section_tail(DOC, SECTION), after=SECTION)
-        DATA.parent.mkdir(parents=True, exist_ok=True)
+        replace_section(DOC, section, report + section_tail(DOC, section), after=SECTION)
+        data_file.parent.mkdir(parents=True, exist_ok=True)
         record = {"machine": machine, "cpu_features": flags, "command": cmd,
                   "date": datetime.date.today().isoformat(), "rows": [
                       {k: r[k] for k in ("fid", "build", "prefill_tps", "decode_tps",
                                          "decode_all", "prefill_all", "bytes", "decode_ratio",
-                                         "prefill_ratio", "decode_ratio_rounds", "others_max",
+                                         "prefill_ratio", "decode_ratio_rounds",
+                                         "prefill_ratio_rounds", "others_max",
                                          "same_tokens", "held")}
                       for r in rows]}
-        DATA.write_text(json.dumps(record, indent=1) + "\n")
+        data_file.write_text(json.dumps(record, indent=1) + "\n")
         write_costs(record)
-        print(f"wrote {DOC}, {DATA} and the package's container costs")
+        print(f"wrote {DOC}, {data_file} and the package's container costs")
     if bad:
         sys.exit(1)
 
 
-def round_ratio(r: dict, base: dict) -> float:
-    """The median over rounds of ``r``'s decode tok/s over i2_s's in the same round (the
-    rounds run the containers one after the other within a minute)."""
-    return statistics.median(a / b for a, b in zip(r["decode_all"], base["decode_all"],
-                                                    strict=True))
+def run_once(w, i: int, prompt: list[int], a) -> dict:
+    """One timed run of worker ``w`` in round ``i``, kept in ``w.runs`` and printed."""
+    r = timed_round(w, prompt, a.tokens, a.max_others)
+    w.runs.append(r)
+    print(f"  round {i + 1} {w.label:22} prefill {r['prefill_tps']:7.1f} tok/s  "
+          f"decode {r['decode_tps']:6.2f} tok/s  others {100 * r['others']:4.1f}%"
+          + (f" ({r['attempts']} tries)" if r["attempts"] > 1 else ""), flush=True)
+    return r
+
+
+def anchored_ratio(r: dict, key: str) -> float:
+    """The median over rounds of a container's tok/s (``key``: decode or prefill) over the
+    mean of the i2_s runs just before and just after it, seconds apart: the machine changes
+    speed over minutes (docs/benchmarks.md, "Two decode speeds"), and a ratio to i2_s's
+    median, or to its run elsewhere in the round, carries that change. 1.0 for i2_s."""
+    runs = r.get("anchored") or []
+    if not runs:
+        return 1.0
+    return statistics.median(x[key] / x["anchor_" + key] for x in runs)
 
 
 def write_costs(record: dict) -> None:
     """This CPU's decode and prefill ratios to i2_s per container and build into
-    bitformat/data/container_costs.json (one entry per CPU model and build, replaced)."""
+    bitformat/data/container_costs.json (one entry per CPU model and build, replaced): the
+    median of the rounds' ratios, which the machine's speed changing between rounds moves
+    less than a ratio of medians does."""
     from bitformat.runtime.costs import COSTS_FILE
 
     data = json.loads(COSTS_FILE.read_text()) if COSTS_FILE.exists() else {"measured": []}
@@ -215,8 +251,8 @@ def write_costs(record: dict) -> None:
             "cpu": cpu, "cpu_features": record["cpu_features"], "build": build,
             "date": record["date"], "source": "tools/bench_containers.py",
             "i2_s_decode_tps": next(r["decode_tps"] for r in rows if r["fid"] == "i2_s"),
-            "containers": {r["fid"]: {"decode": round(r["decode_ratio"], 3),
-                                      "prefill": round(r["prefill_ratio"], 3),
+            "containers": {r["fid"]: {"decode": round(r["decode_ratio_rounds"], 3),
+                                      "prefill": round(r["prefill_ratio_rounds"], 3),
                                       **({"held": r["held"]} if r.get("held") not in
                                          (None, r["fid"]) else {})} for r in rows}})
     COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
