@@ -195,13 +195,24 @@ def main() -> None:
 
     floor_s = n * (L * layer_macs + head_macs) / rate
     floor_p = (rows_n * L * layer_macs + n * head_macs) / rate
-    est = ratio(P["many"], S["many"], P["one"], S["one"])
-    best = ratio(floor_p, floor_s, P["one"], S["one"])
-    need = None  # the step of n tokens that the target 3x needs, the prompts as measured
-    agg1 = K / (P["one"] + (K - 1) * S["one"])
-    t_total = n * K / (3 * agg1)
-    if t_total > P["many"]:
-        need = (t_total - P["many"]) / (K - 1)
+    # per round: the machine changes speed over minutes (a lone step, bound by memory, moves
+    # with it; a batched one, bound by multiply-adds, much less), so each round's own parts
+    def whole(r: dict, w: str, kind: str) -> float:
+        return r[w][kind + "_layers"] + r[w][kind + "_head"]
+
+    est_r = [ratio(whole(r, "many", "prompt"), whole(r, "many", "step"),
+                   whole(r, "one", "prompt"), whole(r, "one", "step")) for r in kept]
+    best_r = [ratio(floor_p, floor_s, whole(r, "one", "prompt"), whole(r, "one", "step"))
+              for r in kept]
+    need_r = []  # the step of n tokens that 3x needs, the round's prompts' pass as measured
+    for r in kept:
+        agg1 = K / (whole(r, "one", "prompt") + (K - 1) * whole(r, "one", "step"))
+        need_r.append((n * K / (3 * agg1) - whole(r, "many", "prompt")) / (K - 1))
+    est, best, need = (statistics.median(x) for x in (est_r, best_r, need_r))
+
+    def span(xs: list[float], f: str) -> str:
+        return f"{min(xs):{f}}-{max(xs):{f}}"
+
     ms = 1000
     cmd = (f"python tools/bench_batched_step.py 2b4t.gguf --clients {n} --tokens {K} "
            f"--steps {a.steps} --rounds {a.rounds}")
@@ -237,15 +248,16 @@ def main() -> None:
         f"above, {rate / 1e9:.0f} G/s, and nothing else. From these parts, "
         f"`bench_serve.py --clients 1,{n} --tokens {K}` (HTTP, client threads and the "
         f"server's own work left out) would show {n} clients at **{est:.2f}x** one client's "
-        f"aggregate; with the {n}-client passes at their floor, {best:.2f}x. "
-        + (f"3x with the prompts' pass as measured needs a step of {n} tokens of "
-           f"{ms * need:.1f} ms." if need is not None else "")]
+        f"aggregate (the median of the rounds' own parts; rounds {span(est_r, '.2f')}); with "
+        f"the {n}-client passes at their floor, {best:.2f}x ({span(best_r, '.2f')}). 3x, the "
+        f"prompts' pass as measured, needs a step of {n} tokens of {ms * need:.1f} ms "
+        f"({span([ms * x for x in need_r], '.1f')})."]
     report = "\n".join(lines) + "\n"
     print(report)
     record = {"machine": machine(), "cpu": cpu_name(), "command": cmd,
               "date": datetime.date.today().isoformat(), "rounds": rounds,
-              "kept": len(kept), "estimate": est, "estimate_at_floor": best,
-              "step_needed_for_3x_s": need, "rate_macs_per_s": rate}
+              "kept": len(kept), "estimate": est_r, "estimate_at_floor": best_r,
+              "step_needed_for_3x_s": need_r, "rate_macs_per_s": rate}
     if a.json:
         Path(a.json).write_text(json.dumps(record, indent=1) + "\n")
     if a.write:
