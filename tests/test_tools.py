@@ -78,3 +78,37 @@ def test_bench_attention_times_the_kernels_a_model_runs():
     ops.attend_one(k.q[-1], k.k[-1], k.k[-1], k.cos[-1], k.sin[-1],
                    ops.kernel_cache(k.kc[last]), ops.kernel_cache(k.vc[last]), pos, want)
     np.testing.assert_array_equal(k.out[-1], want)
+
+
+def test_bench_batched_step_parts_add_up_on_the_tiny_model(tiny_gguf, tmp_path):
+    """tools/bench_batched_step.py runs the tiny model's passes and kernels; its floor is the
+    multiply-adds over the best kernel rate, below what the step measured."""
+    out = tmp_path / "bs.json"
+    p = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_batched_step.py"),
+                        str(tiny_gguf), "--clients", "3", "--rounds", "2", "--steps", "2",
+                        "--max-others", "2.0", "--json", str(out)],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:] + p.stdout[-2000:]
+    import json
+
+    rec = json.loads(out.read_text())
+    assert rec["kept"] == 2 and len(rec["estimate"]) == 2
+    r = rec["rounds"][0]
+    assert r["many"]["rows"] > r["one"]["rows"] > 0
+    assert all(v["macs"] > 0 and v["s"] > 0 for v in r["kernels"].values())
+    assert set(r["kernels"]) == {"q|k|v", "o", "gate|up", "down"}
+    step = r["many"]["step_layers"] + r["many"]["step_head"]
+    assert 0 < rec["rate_macs_per_s"] and step > 0
+    assert "| step of 3 tokens |" in p.stdout
+
+
+def test_bench_containers_ratios_to_the_i2_s_runs_either_side():
+    """A container's anchored ratio is the median over rounds of its run over the mean of
+    the i2_s runs just before and after it; i2_s's own is 1."""
+    import bench_containers as bc
+
+    runs = [{"decode_tps": 30.0, "anchor_decode_tps": 40.0},  # 0.75
+            {"decode_tps": 44.0, "anchor_decode_tps": 40.0},  # 1.10
+            {"decode_tps": 36.0, "anchor_decode_tps": 40.0}]  # 0.90
+    assert bc.anchored_ratio({"anchored": runs}, "decode_tps") == pytest.approx(0.90)
+    assert bc.anchored_ratio({"anchored": []}, "decode_tps") == 1.0
