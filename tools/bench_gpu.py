@@ -187,6 +187,7 @@ def main() -> None:
            "dispatches_per_token": getattr(m.net, "dispatches_per_token", None), "configs": {}}
     print(json.dumps({k: v for k, v in res.items() if k != "configs"}), flush=True)
     configs = [""] + [c for c in a.tuning.split(";") if c] if a.tuning else [""]
+    net0 = m.net
     base_tuning = dict(getattr(dev, "tuning", {}))
     for cfg in configs:
         if cfg:
@@ -196,7 +197,10 @@ def main() -> None:
             for part in cfg.split(","):
                 k, _, v = part.partition("=")
                 dev.tuning[k.strip()] = int(v)
-            m.net = WgpuBitNet(m.args, m.backend, head="full")
+            # as load() built it: its KV cache type and context (an f32 cache by default
+            # here would time other bytes and give other tokens than the default's f16)
+            m.net = WgpuBitNet(m.args, m.backend, head="full", kv_type=net0.kv_type,
+                               context=net0.max_len)
             m.net.forward_argmax(PROMPT, m.net.new_cache(len(PROMPT) + 1))  # pipelines built
         r = measure(m, a)
         r["tuning"] = dict(getattr(dev, "tuning", {}))

@@ -46,3 +46,29 @@ def test_bench_wgpu(tiny_gguf, adapter, tmp_path):
         want = m.generate(list(PROMPT_IDS), max_new_tokens=TOKENS + 2, stop_ids=[]).tokens
     assert res["containers"][0]["tokens"] == want[2:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_gpu_check_script_runs_on_any_adapter(tiny_gguf, adapter, tmp_path):
+    """tools/bench_gpu.py, what tools/gpu_check.sh runs on a lent GPU (minutes a year, none to
+    spend on a broken script), runs here on the tiny model: every configuration and container
+    decodes, each with the default configuration's tokens, and the profiled step has kernels."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "after.json"
+    p = subprocess.run([sys.executable, str(root / "tools" / "bench_gpu.py"), str(tiny_gguf),
+                        "--label", "after", "--prefill", "32", "--tokens", "8", "--rounds", "1",
+                        "--containers", "tq2_0", "--tuning", "fold=0", "--json", str(out)],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert set(res["configs"]) == {"default", "fold=0"} and res["dispatches_per_token"] > 0
+    want = res["configs"]["default"]["full"]["tokens"]
+    assert len(want) == 8
+    for name, cfg in res["configs"].items():
+        assert cfg["full"]["tok_s"] > 0 and cfg["prefill"]["tok_s"] > 0, name
+        assert cfg["full"]["tokens"] == want, name
+        assert cfg["profile"]["kinds"], name
+    assert res["containers"]["tq2_0"]["full"]["tokens"] == want
