@@ -234,3 +234,25 @@ def test_a_failed_step_ends_its_requests_not_the_engine(cpu_models):
         assert len(second.tokens) == 3
     finally:
         eng.close(30)
+
+
+def test_a_burst_of_prompts_runs_in_one_step(cpu_models):
+    """Requests that all arrive in their prompts (nobody waits for a token) run every prompt
+    in one pass, beyond one chunk of prompt tokens a step; each still gets its own tokens."""
+    net = cpu_models["i2_s"].net
+    prompts = [list(range(10 + i, 10 + i + PREFILL_CHUNK - 20)) for i in range(3)]
+    want = [list(generate_step(net, p, max_new_tokens=2)) for p in prompts]
+    eng = Engine(net, None, max_batch=8).start(warmup=False)
+    try:
+        outs = [Collector() for _ in prompts]
+        with eng._cv:  # (re-entrant) all three queued before the engine looks: no gather race
+            for p, c in zip(prompts, outs, strict=True):
+                eng.submit(Request(p, 2, stop_ids=[]), c)
+        for c in outs:
+            assert c.done.wait(120), "a request never finished"
+    finally:
+        eng.close(10)
+    assert [c.tokens for c in outs] == want
+    # 3 x 44 prompt tokens in the first step (more than PREFILL_CHUNK), then one step of
+    # their second tokens
+    assert eng.steps == 2

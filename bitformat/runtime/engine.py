@@ -19,9 +19,11 @@ positions (prompt + its token limit) fit beside those of the requests running, w
 queue otherwise, and gives them back when it ends or is cancelled (its client left). A request
 larger than the whole pool is refused at once.
 
-Prompt chunks are the only long rows: per step at most ``PREFILL_CHUNK`` prompt tokens run
-beside the decode rows (the oldest request's chunk first), so a long prompt delays the others
-by about one chunk's time per step instead of its whole prefill.
+Prompt chunks are the only long rows: while any request is generating, per step at most
+``PREFILL_CHUNK`` prompt tokens run beside the decode rows (the oldest request's chunk first),
+so a long prompt delays the others by about one chunk's time per step instead of its whole
+prefill. While every request is still in its prompt (a burst of new requests), nobody waits
+for a token, and each one's next chunk runs in the same pass over the weights.
 
 >>> eng = Engine(model.net, model.tokenizer).start()               # doctest: +SKIP
 >>> h = eng.submit(Request(ids, max_tokens=16), on_event=print)     # doctest: +SKIP
@@ -358,7 +360,12 @@ class Engine:
             log.exception("warm-up failed")
 
     def _step(self) -> None:
-        segs, slots, budget = [], [], PREFILL_CHUNK
+        segs, slots = [], []
+        # prompt tokens a step takes: one chunk's worth beside requests that wait for their
+        # next token; one chunk each where all are in their prompts (8 clients of 2B-4T sent
+        # at once, 88 prompt tokens: one pass of ~0.73 s instead of 0.64 + 0.26 s)
+        generating = any(s.done >= len(s.prompt) for s in self._active)
+        budget = PREFILL_CHUNK * (1 if generating else len(self._active))
         for s in self._active:
             if s.done < len(s.prompt):  # prompt chunks at multiples of PREFILL_CHUNK
                 n = min(PREFILL_CHUNK - s.done % PREFILL_CHUNK, len(s.prompt) - s.done)
