@@ -152,8 +152,8 @@ def main() -> None:
         base = ref[r["build"]]
         r["decode_ratio"] = r["decode_tps"] / base["decode_tps"]
         r["prefill_ratio"] = r["prefill_tps"] / base["prefill_tps"]
-        r["decode_ratio_rounds"] = anchored_ratio(r, "decode_tps")
-        r["prefill_ratio_rounds"] = anchored_ratio(r, "prefill_tps")
+        r["decode_ratio_anchored"] = anchored_ratio(r, "decode_tps")
+        r["prefill_ratio_anchored"] = anchored_ratio(r, "prefill_tps")
         r["same_tokens"] = all(t == base["tokens"][0] for t in r["tokens"])
         if not r["same_tokens"]:
             bad.append(r["label"])
@@ -185,8 +185,8 @@ def main() -> None:
                 else f"{len(d)} runs, {min(d):.2f}-{max(d):.2f}")
         lines.append(f"| {r['fid']} | {r['build']} | {r['bytes'] / 1e9:.3f} GB | "
                      f"{r['prefill_tps']:.1f} | {r['decode_tps']:.2f} ({runs}) | "
-                     f"{r['decode_ratio']:.2f}x | {r['decode_ratio_rounds']:.2f}x | "
-                     f"{r['prefill_ratio']:.2f}x | {r['prefill_ratio_rounds']:.2f}x | "
+                     f"{r['decode_ratio']:.2f}x | {r['decode_ratio_anchored']:.2f}x | "
+                     f"{r['prefill_ratio']:.2f}x | {r['prefill_ratio_anchored']:.2f}x | "
                      f"{100 * r['others_max']:.0f}% | {'yes' if r['same_tokens'] else 'NO'} |")
     report = "\n".join(lines) + "\n"
     print(report)
@@ -202,8 +202,8 @@ def main() -> None:
                   "date": datetime.date.today().isoformat(), "rows": [
                       {k: r[k] for k in ("fid", "build", "prefill_tps", "decode_tps",
                                          "decode_all", "prefill_all", "bytes", "decode_ratio",
-                                         "prefill_ratio", "decode_ratio_rounds",
-                                         "prefill_ratio_rounds", "others_max",
+                                         "prefill_ratio", "decode_ratio_anchored",
+                                         "prefill_ratio_anchored", "others_max",
                                          "same_tokens", "held")}
                       for r in rows]}
         data_file.write_text(json.dumps(record, indent=1) + "\n")
@@ -251,8 +251,8 @@ def write_costs(record: dict) -> None:
             "cpu": cpu, "cpu_features": record["cpu_features"], "build": build,
             "date": record["date"], "source": "tools/bench_containers.py",
             "i2_s_decode_tps": next(r["decode_tps"] for r in rows if r["fid"] == "i2_s"),
-            "containers": {r["fid"]: {"decode": round(r["decode_ratio_rounds"], 3),
-                                      "prefill": round(r["prefill_ratio_rounds"], 3),
+            "containers": {r["fid"]: {"decode": round(r["decode_ratio_anchored"], 3),
+                                      "prefill": round(r["prefill_ratio_anchored"], 3),
                                       **({"held": r["held"]} if r.get("held") not in
                                          (None, r["fid"]) else {})} for r in rows}})
     COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
