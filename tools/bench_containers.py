@@ -203,8 +203,8 @@ def main() -> None:
                       {k: r[k] for k in ("fid", "build", "prefill_tps", "decode_tps",
                                          "decode_all", "prefill_all", "bytes", "decode_ratio",
                                          "prefill_ratio", "decode_ratio_anchored",
-                                         "prefill_ratio_anchored", "others_max",
-                                         "same_tokens", "held")}
+                                         "prefill_ratio_anchored", "anchored",
+                                         "others_max", "same_tokens", "held")}
                       for r in rows]}
         data_file.write_text(json.dumps(record, indent=1) + "\n")
         write_costs(record)
