@@ -21,8 +21,9 @@ aggregate tok/s of N clients over one client's, K tokens each, the prompts' pass
 as the parts measured here, and with every pass at its multiply-add floor (its multiply-adds
 at the best rate the projections reached, nothing else costing anything), which no
 implementation on this CPU can beat. The CPU other processes took is recorded per round
-(/proc/stat less this process's own time, in cores); ``--write`` puts the table into
-docs/benchmarks.md and the figures into docs/data/batched-step.json.
+(/proc/stat less this process's own time, in cores: bench_serve's ``Contention``);
+``--write`` puts the table into docs/benchmarks.md and the figures into
+docs/data/batched-step.json.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import sys
 import time
@@ -45,27 +45,6 @@ DATA = ROOT / "docs" / "data" / "batched-step.json"
 #: the stacked projections of a layer, as the one-call decode steps run them
 PROJECTIONS = {"q|k|v": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",),
                "gate|up": ("ffn_gate", "ffn_up"), "down": ("ffn_down",)}
-
-
-def cpu_ticks() -> tuple[int, int, int]:
-    """(busy jiffies of the machine, all its jiffies, this process's own jiffies)."""
-    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(f) - f[3] - f[4], sum(f), int(own[11]) + int(own[12])
-
-
-class Others:
-    """Cores other processes took while the ``with`` block ran."""
-
-    def __enter__(self) -> Others:
-        self.t0 = cpu_ticks()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        b0, a0, o0 = self.t0
-        b1, a1, o1 = cpu_ticks()
-        cores = os.cpu_count() or 1
-        self.cores = max(0.0, ((b1 - b0) - (o1 - o0)) / max(1, a1 - a0) * cores)
 
 
 def timed(fn, *args):
@@ -151,6 +130,7 @@ def main() -> None:
     a = ap.parse_args()
     from bench_cold_start import cpu_name
     from bench_decode import machine
+    from bench_serve import Contention
 
     t_start = time.perf_counter()
     b = Bench(a.model, a.clients)
@@ -158,7 +138,7 @@ def main() -> None:
     rounds = []
     for i in range(a.rounds):
         for attempt in range(2):
-            with Others() as o:
+            with Contention([]) as o:  # cores others took meanwhile
                 many = b.requests(b.prompts, a.steps)
                 one = b.requests(b.prompts[:1], a.steps)
                 k = b.kernels()
