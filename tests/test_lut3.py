@@ -78,7 +78,7 @@ def test_tables_hold_each_combination_of_three_activations():
 
 @needs_vbmi
 @pytest.mark.parametrize("rows,cols,T", [(64, 2560, 1), (130, 100, 3), (5, 7, 1),
-                                         (640, 6912, 2), (3840, 2560, 1)])
+                                         (640, 6912, 2), (3840, 2560, 1), (200, 300, 16)])
 def test_matvec_gives_exact_products_and_the_2bit_epilogue(rows, cols, T):
     rng = np.random.default_rng(cols + T)
     t = _trits(rng, rows, cols)
@@ -88,6 +88,9 @@ def test_matvec_gives_exact_products_and_the_2bit_epilogue(rows, cols, T):
     tiles.setflags(write=False)
     tb = np.empty((T, L3.table_bytes(cols)), np.uint8)
     K.lut3_tables(q, tb)
+    shared = np.empty_like(tb)  # a prompt's tables, the tokens shared between the threads
+    K.lut3_tables_tokens(q, shared)
+    np.testing.assert_array_equal(shared, tb)
     s = rng.uniform(0.5, 2, T).astype(np.float32)
     ws = rng.uniform(0.5, 2, rows).astype(np.float32)
     out = np.full((T, rows), np.nan, np.float32)
@@ -102,8 +105,11 @@ def test_matvec_gives_exact_products_and_the_2bit_epilogue(rows, cols, T):
 def test_base3_containers_run_as_lut3_tiles_with_the_bits_of_i2_s(lut3_models, cpu_models, fid):
     """Asked for (BITFORMAT_CPU_LUT3=1) on a VBMI CPU, tq1_0 and iq1_bn are held as lut3
     tiles, which the one-call step runs, read fewer bytes than i2_s's rows and give i2_s's
-    logits and tokens; by default they are stfma rows."""
-    assert cpu_models[fid].net.blocks[0].proj["attn_q"].encoding == "stfma"
+    logits and tokens; by default they are lut3 tiles where the CPU has no AMX, else stfma
+    rows (AMX tiles run their prompts)."""
+    default = cpu_models[fid].backend
+    assert (cpu_models[fid].net.blocks[0].proj["attn_q"].encoding
+            == ("stfma" if default.amx else "lut3"))
     lm, ref = lut3_models[fid], cpu_models["i2_s"]
     be = lm.backend
     assert be.lut3
@@ -115,6 +121,26 @@ def test_base3_containers_run_as_lut3_tiles_with_the_bits_of_i2_s(lut3_models, c
     np.testing.assert_array_equal(lm.logits(prompt), ref.logits(prompt))
     assert (lm.generate(prompt, max_new_tokens=6, stop_ids=[]).tokens
             == ref.generate(prompt, max_new_tokens=6, stop_ids=[]).tokens)
+
+
+@pytest.mark.parametrize("value,amx,want", [("", False, True), ("", True, False),
+                                            ("auto", False, True), ("auto", True, False),
+                                            ("1", True, True), (" 1 ", False, True),
+                                            ("0", False, False), ("0", True, False)])
+def test_lut3_holding_is_chosen_by_the_environment(monkeypatch, value, amx, want):
+    from bitformat.runtime.cpu.backend import LUT3_ENV, lut3_wanted
+
+    monkeypatch.setenv(LUT3_ENV, value)
+    assert lut3_wanted(amx) is want
+
+
+def test_a_bad_lut3_setting_says_what_it_takes(monkeypatch):
+    from bitformat.errors import RequestError
+    from bitformat.runtime.cpu.backend import LUT3_ENV, lut3_wanted
+
+    monkeypatch.setenv(LUT3_ENV, "yes")
+    with pytest.raises(RequestError, match="BITFORMAT_CPU_LUT3 must be 1 .* got 'yes'"):
+        lut3_wanted(False)
 
 
 NO_VBMI = ("+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512cd,+avx512vnni,+avx2,+avx,+fma,+f16c,"

@@ -54,25 +54,26 @@ def wide_containers(tmp_path_factory):
 
 @contextlib.contextmanager
 def _lut3(on: bool):
-    """BITFORMAT_CPU_LUT3=1 while loading, where ``on`` (tq1_0, iq1_bn as lut3 tiles)."""
+    """BITFORMAT_CPU_LUT3 while loading: 1 where ``on`` (tq1_0, iq1_bn as lut3 tiles where
+    the CPU has VBMI), else 0 (stfma rows, whatever this CPU's default)."""
     from bitformat.runtime.cpu.backend import LUT3_ENV
 
     before = os.environ.get(LUT3_ENV)
-    if on:
-        os.environ[LUT3_ENV] = "1"
+    os.environ[LUT3_ENV] = "1" if on else "0"
     try:
         yield
     finally:
-        if on and before is None:
+        if before is None:
             del os.environ[LUT3_ENV]
-        elif on:
+        else:
             os.environ[LUT3_ENV] = before
 
 
 def _runs(paths, backend: str) -> dict[tuple, object]:
     """What each container gives: ``(fid, what) -> logits or tokens``. rans runs both ways
     on the cpu backend (decoded at load into 2-bit rows, and decoded inside the kernels), and
-    tq1_0 and iq1_bn also as lut3 tiles (where the CPU has VBMI; else as by default)."""
+    tq1_0 and iq1_bn both as stfma rows and as lut3 tiles (where the CPU has VBMI; else as
+    the build holds them)."""
     out = {}
     for fid, path in paths.items():
         variants = [{}]

@@ -24,7 +24,8 @@ BUILD_NAMES = {"vnni": "AVX-512 VNNI kernels", "avx2": "AVX2 kernels (no AVX-512
 #: costs several instructions where a 2-bit code costs a shift and a mask (docs/benchmarks.md,
 #: "Decode of every container"). The vnni build reads them as they are. (On the vnni and avx2
 #: builds a matrix whose rows have one scale each is held as stfma rows before any of this,
-#: or, asked for on the vnni build with AVX-512 VBMI, tq1_0 and iq1_bn as lut3 tiles:
+#: or, on the vnni build where the CPU has AVX-512 VBMI (and no AMX, unless asked for),
+#: tq1_0 and iq1_bn as lut3 tiles:
 #: ``ONE_SCALE_ROWS`` and ``LUT3_ROWS`` in ``cpu/backend.py``; a measurement's ``held`` says
 #: what its build held.)
 REPACKED = {"tq1_0": "tq2_0", "iq1_bn": "iq2_bn"}

@@ -96,13 +96,25 @@ PADDED = ("i2_s", "stfma")
 ONE_SCALE_ROWS = ("tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "colpack_u32")
 
 #: Of :data:`ONE_SCALE_ROWS`, the base-3 containers that the vnni build holds as lut3 tiles
-#: (:mod:`.lut3`: 1.67 bits a weight, a table lookup per three trits) where the CPU has
-#: AVX-512 VBMI and ``BITFORMAT_CPU_LUT3=1`` asks for them, instead of stfma rows (2 bits).
-#: Not the default: on a 2-core AMD EPYC (VBMI) they decoded 2B-4T at 1.04-1.08x i2_s's speed
-#: in one run and 0.94-0.96x in another, but prefilled a 16-token prompt at 0.79-0.81x, where
-#: stfma rows give 0.96-1.04x and 1.00-1.06x (docs/benchmarks.md, "Decode of every container").
+#: (:mod:`.lut3`: 1.67 bits a weight, a table lookup per three trits) instead of stfma rows
+#: (2 bits) where the CPU has AVX-512 VBMI: by default where it has no AMX, whose tiles run a
+#: prompt and a batched step of stfma rows (``BITFORMAT_CPU_LUT3``: ``1`` wherever VBMI is,
+#: ``0`` never). On a 2-core AMD EPYC (VBMI, no AMX) they decode 2B-4T at 1.05-1.08x i2_s's
+#: speed and prefill at 0.97-1.08x, since a prompt's tokens pass over a tile two at a time
+#: (docs/benchmarks.md, "lut3 tiles for tq1_0 and iq1_bn").
 LUT3_ROWS = ("tq1_0", "iq1_bn")
 LUT3_ENV = "BITFORMAT_CPU_LUT3"
+
+
+def lut3_wanted(amx: bool) -> bool:
+    """Whether ``BITFORMAT_CPU_LUT3`` (:data:`LUT3_ROWS`) asks for lut3 tiles on a VBMI CPU
+    with AMX tiles (``amx``) or without."""
+    value = os.environ.get(LUT3_ENV, "").strip().lower()
+    if value not in ("", "auto", "0", "1"):
+        raise RequestError(f"{LUT3_ENV} must be 1 (lut3 tiles wherever the CPU has AVX-512 "
+                           f"VBMI), 0 (never) or auto (where it has VBMI and no AMX), got "
+                           f"{value!r:.20}")
+    return value == "1" or (value in ("", "auto") and not amx)
 
 
 def _padded_bytes(shape: tuple[int, int]) -> int:
@@ -234,9 +246,8 @@ class CpuBackend(Backend):
         self._head_tokens = B.lm_head_tokens if vnni else None
         # 2..16 rows of i2_s / stfma on AMX tiles where the CPU and the OS allow it: amx.py
         self.amx = vnni and A.available()
-        #: lut3 tiles for LUT3_ROWS (vpermb: AVX-512 VBMI), where asked for
-        self.lut3 = (vnni and os.environ.get(LUT3_ENV, "0").strip() == "1"
-                     and "avx512vbmi" in K.host_features())
+        #: lut3 tiles for LUT3_ROWS (vpermb: AVX-512 VBMI): by default where there is no AMX
+        self.lut3 = vnni and "avx512vbmi" in K.host_features() and lut3_wanted(self.amx)
         self._colsets: dict[bytes, int] = {}  # live-column sets of the rans matrices
         self._rans_tables: dict[int, tuple[np.ndarray, tuple | None]] = {}  # _rans_table
         #: bytes held of the matrices held as stfma rows (:data:`ONE_SCALE_ROWS`), by name
@@ -674,7 +685,8 @@ class CpuBackend(Backend):
                 qa.cache[full] = K.iq1_activations(qa.q)
             elif key == "lut3":
                 qa.cache[full] = np.empty((qa.q.shape[0], L3.table_bytes(width)), np.uint8)
-                K.lut3_tables(qa.q, qa.cache[full])
+                (K.lut3_tables if len(qa.q) == 1 else K.lut3_tables_tokens)(
+                    qa.q, qa.cache[full])
             else:
                 qa.cache[full] = K.slot_activations(qa.q, key, width)
         return qa.cache[full]

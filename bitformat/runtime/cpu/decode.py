@@ -340,14 +340,13 @@ def _lut3_matvec(buf, mats, layer, which, tb, s, ws, out, sync, ph, threads, lea
     W = buf[off: off + tiles * bpr].reshape((tiles, bpr))
     w0 = mats[layer, which, WS]
     wsl = ws[w0: w0 + rows]
-    dots = np.empty(LUT_TILE_ROWS, np.int32)
+    dots = np.empty(2 * LUT_TILE_ROWS, np.int32)
     while True:
         p0, p1 = take_guided(sync, ph, tiles, max(1, least // bpr), threads)
         if p0 >= p1:
             break
         for p in range(p0, p1):
-            for t in range(out.shape[0]):
-                lut3_rows(W, p, tb, t, s, wsl, rows, out, dots)
+            lut3_rows(W, p, tb, s, wsl, rows, out, dots)
         finish_run(sync, ph, p1 - p0)
     wait_done(sync, ph, tiles)
 

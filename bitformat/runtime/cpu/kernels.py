@@ -1147,26 +1147,39 @@ def _lut3_tables(typingctx, q, q_off, tb, t_off, nquads):
     return sig, codegen
 
 
-@intrinsic
-def _lut3_tile(typingctx, w, w_off, tb, t_off, nblocks, out):
+def _make_lut3_tile(lines: int, ntok: int = 1):
+    """:func:`_lut3_tile` for ``ntok`` tokens, prefetching ``lines`` cache lines a block."""
+
+    @intrinsic
+    def tile(typingctx, w, w_off, tb, t_off, t_stride, nblocks, out, pf_off, pf_stride):
+        return _lut3_tile_codegen(lines, ntok, w, tb, out)
+
+    return tile
+
+
+def _lut3_tile_codegen(lines, ntok, w, tb, out):
     """The exact integer dot products of the 64 rows of the lut3 tile at ``w[w_off:]`` (its
-    ``nblocks`` blocks, then 64 int32 sign sums) with the token whose tables are at
-    ``tb[t_off:]``, into ``out[0:64]`` (int32).
+    ``nblocks`` blocks, then 64 int32 sign sums) with the ``ntok`` tokens whose tables are at
+    ``tb[t_off + t * t_stride:]``, into ``out[64 t: 64 t + 64]`` (int32); at block b it
+    prefetches into L2 the ``lines`` cache lines from ``w[pf_off + b * pf_stride:]``, 64 bytes
+    apart. A sub-tile's indices and signs are made once for all ``ntok`` tokens.
 
     Per block and sub-tile: the index nibbles of quad 0 (low) and quad 1 (high), each or-ed
     with 16 j, pick bytes of the quad's tables by vpermb (low bytes and high bytes apart); the
     sign masks make +-1 bytes, and vpdpbusd sums the four groups of a row into its lane. A
     row's dot is 256 * (high sum) + (low sum) - LUT_OFFSET * (its sign sum)."""
-    sig = types.void(w, types.intp, tb, types.intp, types.intp, out)
+    sig = types.void(w, types.intp, tb, types.intp, types.intp, types.intp, out, types.intp,
+                     types.intp)
 
     def codegen(context, builder, signature, args):
-        w_arr, w_off, t_arr, t_off, nb, o_arr = args
+        w_arr, w_off, t_arr, t_off, t_stride, nb, o_arr, pf_off, pf_stride = args
         wptr = context.make_array(signature.args[0])(context, builder, w_arr).data
         tptr = context.make_array(signature.args[2])(context, builder, t_arr).data
-        optr = context.make_array(signature.args[5])(context, builder, o_arr).data
+        optr = context.make_array(signature.args[6])(context, builder, o_arr).data
         vp, _ = _vnni_functions(builder)
         zero = ir.Constant(_I32x16, None)
-        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(4)]
+        accs = [[[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(4)]
+                for _ in range(ntok)]
 
         def c(v):
             return ir.Constant(nb.type, v)
@@ -1179,11 +1192,13 @@ def _lut3_tile(typingctx, w, w_off, tb, t_off, nblocks, out):
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
             toff = builder.add(t_off, builder.mul(b, c(2 * LUT_QUAD_BYTES)))
-            tabs = [_load_vec(builder, tptr, builder.add(toff, c(64 * i)), _I8x64)
-                    for i in range(4)]  # quad 0 low, high; quad 1 low, high
+            tabs = [[_load_vec(builder, tptr, builder.add(builder.add(toff, builder.mul(
+                t_stride, c(t))), c(64 * i)), _I8x64) for i in range(4)]
+                for t in range(ntok)]  # quad 0 low, high; quad 1 low, high
             base = builder.add(w_off, builder.mul(b, c(LUT_BLOCK_BYTES)))
-            for line in range(0, LUT_BLOCK_BYTES, 64):
-                _prefetch(builder, wptr, builder.add(base, c(LUT_PREFETCH + line)), L2)
+            ahead = builder.add(pf_off, builder.mul(b, pf_stride))
+            for line in range(lines):
+                _prefetch(builder, wptr, builder.add(ahead, c(64 * line)), L2)
             for k in range(4):
                 off = builder.add(base, c(LUT_SUB_BYTES * k))
                 n = _load_vec(builder, wptr, off, _I8x64)
@@ -1193,58 +1208,107 @@ def _lut3_tile(typingctx, w, w_off, tb, t_off, nblocks, out):
                     m = builder.bitcast(_load_vec(builder, wptr, builder.add(
                         off, c(64 + 8 * quad)), ir.IntType(64)), bits)
                     sign = builder.bitcast(builder.select(m, minus, plus), _I32x16)
-                    for half in range(2):
-                        acc = accs[k][half]
-                        val = _vpermb(builder, tabs[2 * quad + half], idx[quad])
-                        builder.store(builder.call(vp, [builder.load(acc), builder.bitcast(
-                            val, _I32x16), sign]), acc)
+                    for t in range(ntok):
+                        for half in range(2):
+                            acc = accs[t][k][half]
+                            val = _vpermb(builder, tabs[t][2 * quad + half], idx[quad])
+                            builder.store(builder.call(vp, [builder.load(acc), builder.bitcast(
+                                val, _I32x16), sign]), acc)
         sums = builder.add(w_off, builder.mul(nb, c(LUT_BLOCK_BYTES)))
         for k in range(4):
-            lo, hi = (builder.load(a) for a in accs[k])
-            ssum = _load_vec(builder, wptr, builder.add(sums, c(64 * k)), _I32x16)
-            dot = builder.sub(builder.add(builder.shl(hi, ir.Constant(_I32x16, [8] * 16)), lo),
-                              builder.mul(ssum, ir.Constant(_I32x16, [LUT_OFFSET] * 16)))
-            builder.store(dot, builder.bitcast(builder.gep(optr, [c(16 * k)]),
-                                               _I32x16.as_pointer()), align=4)
+            ssum = builder.mul(_load_vec(builder, wptr, builder.add(sums, c(64 * k)), _I32x16),
+                               ir.Constant(_I32x16, [LUT_OFFSET] * 16))
+            for t in range(ntok):
+                lo, hi = (builder.load(a) for a in accs[t][k])
+                dot = builder.sub(builder.add(builder.shl(hi, ir.Constant(_I32x16, [8] * 16)),
+                                              lo), ssum)
+                builder.store(dot, builder.bitcast(builder.gep(optr, [c(64 * t + 16 * k)]),
+                                                   _I32x16.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@njit(inline="always")
+def _lut3_token_tables(q, t, tb, xp):
+    """Token t's tables into ``tb[t]`` (``xp``: int8 scratch of 12 * quads + 16, zero past
+    ``cols``)."""
+    xp[:q.shape[1]] = q[t]
+    _lut3_tables(xp, 0, tb[t], 0, tb.shape[1] // LUT_QUAD_BYTES)
 
 
 @njit(cache=True)
 def lut3_tables(q, tb):
     """Every token's tables: ``q`` int8 [T, cols] -> ``tb`` uint8 [T, quads * 128]
     (:func:`_lut3_tables`), columns past ``cols`` taken as zero."""
-    T, cols = q.shape
-    nq = tb.shape[1] // LUT_QUAD_BYTES
-    xp = np.zeros(12 * nq + 16, np.int8)
-    for t in range(T):
-        xp[:cols] = q[t]
-        _lut3_tables(xp, 0, tb[t], 0, nq)
+    xp = np.zeros(12 * (tb.shape[1] // LUT_QUAD_BYTES) + 16, np.int8)
+    for t in range(q.shape[0]):
+        _lut3_token_tables(q, t, tb, xp)
+
+
+@njit(cache=True, parallel=True)
+def lut3_tables_tokens(q, tb):
+    """:func:`lut3_tables` with the tokens shared out between the threads (a prompt's; the
+    one-call decode steps make theirs in a serial phase with :func:`lut3_tables`)."""
+    for t in prange(q.shape[0]):
+        _lut3_token_tables(q, t, tb, np.zeros(12 * (tb.shape[1] // LUT_QUAD_BYTES) + 16,
+                                              np.int8))
+
+
+#: the tile kernel for one token (prefetching a whole block ahead), for one token of several
+#: and for two of several (a line a block: the passes over a tile in cache share out the
+#: next tile's prefetches, :func:`lut3_rows`)
+_lut3_tile = _make_lut3_tile(LUT_BLOCK_BYTES // 64)
+_lut3_tile_pass = _make_lut3_tile(1)
+_lut3_tile_pair = _make_lut3_tile(1, 2)
 
 
 @njit(inline="always")
-def lut3_rows(W, p, tb, t, s, ws, rows, out, dots):
-    """Rows of tile ``p`` of ``W`` against token ``t`` (tables ``tb[t]``): ``out[t, r] =
-    float32(dot_r) * ws[r] / s[t]``, the 2-bit kernels' epilogue on the same integers."""
-    _lut3_tile(W, p * W.shape[1], tb, t * tb.shape[1], W.shape[1] // LUT_BLOCK_BYTES, dots)
+def _lut3_out(p, dots, at, t, s, ws, rows, out):
+    """The 2-bit kernels' epilogue on tile ``p``'s dots ``dots[at: at + 64]`` for token t."""
     r0 = p * LUT_TILE_ROWS
     for k in range(min(LUT_TILE_ROWS, rows - r0)):
-        out[t, r0 + k] = np.float32(dots[k]) * ws[r0 + k] / s[t]
+        out[t, r0 + k] = np.float32(dots[at + k]) * ws[r0 + k] / s[t]
+
+
+@njit(inline="always")
+def lut3_rows(W, p, tb, s, ws, rows, out, dots):
+    """Rows of tile ``p`` of ``W`` against every token t (tables ``tb[t]``): ``out[t, r] =
+    float32(dot_r) * ws[r] / s[t]``, the 2-bit kernels' epilogue on the same integers
+    (``dots``: int32 scratch of 128).
+
+    One token prefetches :data:`LUT_PREFETCH` bytes ahead of the block it reads. Several
+    tokens pass over the tile two at a time (a sub-tile's indices and signs made once for
+    both), from cache after the first pass, and pass i of P prefetches the i-th of P shares of
+    the next tile (the one a thread's run of tiles takes next), so the memory streams during
+    every pass."""
+    L, nb, T, n = W.shape[1], W.shape[1] // LUT_BLOCK_BYTES, out.shape[0], tb.shape[1]
+    w0 = p * L
+    if T == 1:
+        _lut3_tile(W, w0, tb, 0, n, nb, dots, w0 + LUT_PREFETCH, LUT_BLOCK_BYTES)
+        _lut3_out(p, dots, 0, 0, s, ws, rows, out)
+        return
+    P = (T + 1) // 2
+    step = max(64, LUT_BLOCK_BYTES // P)
+    for i in range(P):
+        t, ahead = 2 * i, w0 + L + i * L // P
+        if t + 1 < T:
+            _lut3_tile_pair(W, w0, tb, t * n, n, nb, dots, ahead, step)
+            _lut3_out(p, dots, 0, t, s, ws, rows, out)
+            _lut3_out(p, dots, LUT_TILE_ROWS, t + 1, s, ws, rows, out)
+        else:
+            _lut3_tile_pass(W, w0, tb, t * n, n, nb, dots, ahead, step)
+            _lut3_out(p, dots, 0, t, s, ws, rows, out)
 
 
 @njit(parallel=True, cache=True)
 def mm_lut3(W, tb, s, ws, out):
     """out[t, r] = float32(sum trit * q_t) * ws[r] / s[t] for the lut3 tiles ``W`` [tiles,
     tile bytes] and each token's tables ``tb`` [T, quads * 128]: a tile at a time, every token
-    against it while it is in cache. (Four tokens at once, a sub-tile's indices and signs
-    made once for them, measured no faster: 6,912 x 2,560, 16 tokens, 69 against 63 us a
-    token, AMD EPYC with VBMI; a token's four table loads a block then come per sub-tile.)"""
+    against it while it is in cache (:func:`lut3_rows`)."""
     rows = out.shape[1]
     for p in prange(W.shape[0]):
-        dots = np.empty(LUT_TILE_ROWS, np.int32)
-        for t in range(out.shape[0]):
-            lut3_rows(W, p, tb, t, s, ws, rows, out, dots)
+        lut3_rows(W, p, tb, s, ws, rows, out, np.empty(2 * LUT_TILE_ROWS, np.int32))
 
 
 #: element of a 64-value iq1_bn block that digit j of block byte m (ql[0:12], then extra)
