@@ -575,14 +575,15 @@ def test_iq1_bn_read_as_it_is_gives_the_repacked_bits(tiny_containers, cpu_model
 def test_one_scale_rows_give_the_bits_of_the_containers_own_kernel(cpu_models, tiny_containers,
                                                                    fid, monkeypatch):
     """A container held as stfma rows (ONE_SCALE_ROWS: the vnni and avx2 builds), or as lut3
-    tiles (LUT3_ROWS, asked for on a CPU with VBMI), gives the logits its own kernel gives,
-    bit for bit, prompt and one-token steps alike."""
-    from bitformat.runtime.cpu.backend import CpuBackend
+    tiles (LUT3_ROWS, by default on a CPU with VBMI and no AMX), gives the logits its own
+    kernel gives, bit for bit, prompt and one-token steps alike."""
+    from bitformat.runtime.cpu.backend import LUT3_ROWS, CpuBackend
 
     held = cpu_models[fid]
     if held.backend.kernel not in ("vnni", "avx2"):
         pytest.skip("the portable build holds every container as it is")
-    assert held.net.blocks[0].proj["attn_q"].encoding == "stfma"
+    tiles = held.backend.lut3 and fid in LUT3_ROWS
+    assert held.net.blocks[0].proj["attn_q"].encoding == ("lut3" if tiles else "stfma")
     monkeypatch.setattr(CpuBackend, "_one_scale_rows", lambda self, e: False)
     _same_forward(held, tiny_containers[fid], fid)
 

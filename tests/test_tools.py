@@ -58,9 +58,12 @@ def test_base3_and_cpu_rate_probes_run_against_the_package():
     assert [m.shape for m in mats["i2_s"]] == [(6, 128)] * 2
     assert [m.shape for m in mats["tq1_0"]] == [(6, 108)] * 2
     assert [m.shape for m in mats["lut3"]] == [(1, 22 * 320 + 256)] * 2
-    fs = bench_base3.kernels(6, 512, rng)
-    for name, f in fs.items():
-        assert bench_base3.timed(f, mats[name], hot=True, passes=1) > 0
+    for tokens in (1, 5):  # a decode step's mat-vec, a prompt's mat-mul
+        fs = bench_base3.kernels(6, 512, rng, tokens)
+        for name, f in fs.items():
+            assert bench_base3.timed(f, mats[name], hot=True, passes=1) > 0
+    assert bench_base3.section(16) == ("Base-3 digits against 2-bit codes, a prompt of 16 "
+                                       "tokens (one mat-mul, cpu)")
 
 
 def test_bench_attention_times_the_kernels_a_model_runs():

@@ -1,7 +1,8 @@
 """tq1_0 and iq1_bn against i2_s on a CPU: base-3 digits cost more to take apart than the bytes
 they save; a table lookup per three trits (lut3) does not take them apart.
 
-    python tools/bench_base3.py [--rows 6912 --cols 2560] [--copies 30] [--rounds 3] [--write]
+    python tools/bench_base3.py [--rows 6912 --cols 2560] [--copies 30] [--rounds 3]
+                                [--tokens 1] [--write]
 
 tq1_0 packs five trits in a byte (1.6 bits a weight in its 5-trit bytes, 1.69 with the block
 scales) where i2_s takes 2 bits, so a mat-vec that streams its weights from memory reads 16 %
@@ -18,7 +19,9 @@ vpdpbusd per 64 trits); ``tq1_0`` is :func:`~bitformat.runtime.cpu.kernels.tq1_v
 base-3 digit made from the byte by adds and two compares before its vpdpbusd); ``lut3`` is
 :func:`~bitformat.runtime.cpu.kernels.mm_lut3` on the same trits repacked at load as the cpu
 backend holds tq1_0 and iq1_bn on CPUs with AVX-512 VBMI (:mod:`bitformat.runtime.cpu.lut3`:
-a vpermb table lookup per three trits, 1.67 bits a weight). Reported: time,
+a vpermb table lookup per three trits, 1.67 bits a weight). ``--tokens`` above 1 times a
+prompt's mat-mul instead (i2_s's batched kernel; lut3 passes over a tile two tokens at a
+time), per token, in a section of its own. Reported: time,
 GB/s of the weights' bytes and G trits/s, medians over ``--rounds``, and the CPU time other
 processes took meanwhile (``/proc/stat``). ``--write`` puts the table into docs/benchmarks.md.
 """
@@ -88,21 +91,25 @@ def matrices(rows: int, cols: int, copies: int, rng) -> dict[str, list[np.ndarra
     return out
 
 
-def kernels(rows: int, cols: int, rng) -> dict:
-    """Each layout's one-token mat-vec as a function of its matrix."""
+def kernels(rows: int, cols: int, rng, tokens: int = 1) -> dict:
+    """Each layout's mat-vec (``tokens`` 1) or mat-mul of ``tokens`` rows of activations, as
+    the cpu backend runs it, as a function of its matrix: i2_s's batched kernel for 2-16 tokens
+    (:func:`~bitformat.runtime.cpu.batch.mm2_vnni_tokens`) and its prompt kernel beyond."""
     from bitformat.runtime.backend import quantize_activations
+    from bitformat.runtime.cpu import batch as B
     from bitformat.runtime.cpu import kernels as K
     from bitformat.runtime.cpu import lut3
 
-    qa = quantize_activations(rng.standard_normal((1, cols)).astype(np.float32))
+    qa = quantize_activations(rng.standard_normal((tokens, cols)).astype(np.float32))
     xg = K.slot_activations(qa.q, "x86", cols)
     corr = qa.q.sum(axis=1, dtype=np.int32)
     bsum = K.block_sums(qa.q)
-    out = np.empty((1, rows), np.float32)
+    out = np.empty((tokens, rows), np.float32)
     ws = np.ones(rows, np.float32)
-    tb = np.empty((1, lut3.table_bytes(cols)), np.uint8)
+    tb = np.empty((tokens, lut3.table_bytes(cols)), np.uint8)
     K.lut3_tables(qa.q, tb)
-    return {"i2_s": lambda w: K.mm2_vnni(w, xg, corr, qa.s, ws, K.KIND_I2S, out),
+    mm2 = K.mm2_vnni if tokens == 1 else B.mm2_vnni_tokens if tokens <= 16 else K.mm2_vnni_prompt
+    return {"i2_s": lambda w: mm2(w, xg, corr, qa.s, ws, K.KIND_I2S, out),
             "tq1_0": lambda w: K.tq1_vnni(w, qa.q, bsum, qa.s, out),
             "lut3": lambda w: K.mm_lut3(w, tb, qa.s, ws, out)}
 
@@ -130,20 +137,30 @@ class Others:
         self.cores = max(0.0, (busy - (time.process_time() - self.own0)) / wall)
 
 
+def section(tokens: int) -> str:
+    """The docs section of a run with ``tokens`` rows of activations."""
+    return SECTION if tokens == 1 else SECTION.replace(
+        " (one mat-vec", f", a prompt of {tokens} tokens (one mat-mul")
+
+
 def render(a, res: dict, other: float) -> str:
-    trits = a.rows * a.cols
-    lines = [f"## {SECTION}", "",
+    trits = a.rows * a.cols * a.tokens
+    per = "" if a.tokens == 1 else " a token"
+    lines = [f"## {section(a.tokens)}", "",
              f"Command: `python tools/bench_base3.py --rows {a.rows} --cols {a.cols} --copies "
-             f"{a.copies} --rounds {a.rounds}`. Machine: {cpu_name()}, vnni build, "
-             f"2 threads. Medians of {a.rounds} interleaved rounds of 5 passes each; other "
-             f"processes took at most {other:.2f} cores.", "",
-             "| kernel | bytes | cold us | cold GB/s | cold G trits/s | hot us | hot G trits/s |",
+             f"{a.copies} --rounds {a.rounds}"
+             + (f" --tokens {a.tokens}" if a.tokens > 1 else "")
+             + f"`. Machine: {cpu_name()}, vnni build, 2 threads. Medians of {a.rounds} "
+             f"interleaved rounds of 5 passes each; other processes took at most {other:.2f} "
+             "cores.", "",
+             f"| kernel | bytes | cold us{per} | cold GB/s | cold G trits/s | hot us{per} | "
+             "hot G trits/s |",
              "|---|---|---|---|---|---|---|"]
     for name, r in res.items():
         cold, hot = statistics.median(r["cold"]), statistics.median(r["hot"])
-        lines.append(f"| {name} | {r['bytes'] / 1e6:.2f} MB | {cold * 1e6:.0f} | "
+        lines.append(f"| {name} | {r['bytes'] / 1e6:.2f} MB | {cold * 1e6 / a.tokens:.0f} | "
                      f"{r['bytes'] / cold / 1e9:.1f} | {trits / cold / 1e9:.0f} | "
-                     f"{hot * 1e6:.0f} | {trits / hot / 1e9:.0f} |")
+                     f"{hot * 1e6 / a.tokens:.0f} | {trits / hot / 1e9:.0f} |")
     def ratio(name: str, mode: str) -> float:
         return statistics.median(res[name][mode]) / statistics.median(res["i2_s"][mode])
 
@@ -159,6 +176,8 @@ def main() -> None:
     ap.add_argument("--cols", type=int, default=2560)
     ap.add_argument("--copies", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=1,
+                    help="rows of activations: 1 a decode step, more a prompt's")
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
     from bitformat.runtime.cpu import kernels as K
@@ -168,7 +187,7 @@ def main() -> None:
                          "VNNI and VBMI")
     rng = np.random.default_rng(0)
     mats = matrices(a.rows, a.cols, a.copies, rng)
-    fs = kernels(a.rows, a.cols, rng)
+    fs = kernels(a.rows, a.cols, rng, a.tokens)
     res = {n: {"cold": [], "hot": [], "bytes": mats[n][0].nbytes} for n in fs}
     for n, f in fs.items():
         f(mats[n][0])  # compile
@@ -182,10 +201,14 @@ def main() -> None:
     text = render(a, res, other)
     print(text)
     if a.write:
-        from benchdoc import DOC, replace_section
+        from benchdoc import DOC, replace_section, section_tail
 
-        replace_section(DOC, SECTION, text + AFTER_TABLE,
-                        after="Decode of every container (full-size synthetic 2B-4T, cpu)")
+        if a.tokens == 1:
+            replace_section(DOC, SECTION, text + AFTER_TABLE,
+                            after="Decode of every container (full-size synthetic 2B-4T, cpu)")
+        else:
+            replace_section(DOC, section(a.tokens), text + section_tail(DOC, section(a.tokens)),
+                            after=SECTION)
 
 
 if __name__ == "__main__":
