@@ -27,10 +27,10 @@ def _unpack(tiles: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.nda
     """The trits and sign sums that lut3 tiles hold, read as lut3.py's docstring lays them out."""
     nb = L3.blocks(cols)
     ntiles = tiles.shape[0]
-    body = tiles[:, :nb * 320].reshape(ntiles, nb, 4, 80)  # tile, block, sub-tile, bytes
-    nib = body[..., :64].reshape(ntiles, nb, 4, 16, 4)  # ..., row r, group j
+    body = tiles[:, :nb * 320].reshape(ntiles, nb, 320)  # tile, block, bytes
+    nib = body[..., :256].reshape(ntiles, nb, 4, 16, 4)  # ..., sub-tile, row r, group j
     idx = np.stack([nib & 15, nib >> 4], axis=-2)  # ..., r, quad, j
-    bits = np.unpackbits(body[..., 64:80].reshape(ntiles, nb, 4, 2, 8), axis=-1,
+    bits = np.unpackbits(body[..., 256:].reshape(ntiles, nb, 4, 2, 8), axis=-1,
                          bitorder="little").reshape(ntiles, nb, 4, 2, 16, 4)
     neg = bits.transpose(0, 1, 2, 4, 3, 5)  # ..., r, quad, j
     assert idx.max() <= 13, "an index past the table's 14 entries"

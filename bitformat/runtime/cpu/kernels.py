@@ -1047,8 +1047,10 @@ LUT_TILE_ROWS = 64
 LUT_BLOCK_COLS = 24
 #: bytes of a block of one sub-tile: 64 index bytes (two nibbles), two 64-bit sign masks
 LUT_SUB_BYTES = 80
-#: bytes of a block of a whole tile
+#: bytes of a block of a whole tile: the four sub-tiles' index bytes (each a cache line,
+#: aligned), then their masks from LUT_MASKS_AT
 LUT_BLOCK_BYTES = 4 * LUT_SUB_BYTES
+LUT_MASKS_AT = 4 * 64
 #: bytes of a token's table for one quad (four groups' low bytes, then their high bytes)
 LUT_QUAD_BYTES = 128
 #: added to every table entry so that its high byte is 0..2 (a u8 for vpdpbusd); a row takes
@@ -1200,13 +1202,12 @@ def _lut3_tile_codegen(lines, ntok, w, tb, out):
             for line in range(lines):
                 _prefetch(builder, wptr, builder.add(ahead, c(64 * line)), L2)
             for k in range(4):
-                off = builder.add(base, c(LUT_SUB_BYTES * k))
-                n = _load_vec(builder, wptr, off, _I8x64)
+                n = _load_vec(builder, wptr, builder.add(base, c(64 * k)), _I8x64)
                 idx = (builder.or_(builder.and_(n, nibble), group),
                        builder.or_(builder.and_(builder.lshr(n, four), nibble), group))
                 for quad in range(2):
                     m = builder.bitcast(_load_vec(builder, wptr, builder.add(
-                        off, c(64 + 8 * quad)), ir.IntType(64)), bits)
+                        base, c(LUT_MASKS_AT + 16 * k + 8 * quad)), ir.IntType(64)), bits)
                     sign = builder.bitcast(builder.select(m, minus, plus), _I32x16)
                     for t in range(ntok):
                         for half in range(2):

@@ -13,13 +13,14 @@ says why it is not the default).
 
 Layout (built by :func:`pack`): rows in tiles of 64 (:data:`.kernels.LUT_TILE_ROWS`), four
 sub-tiles of 16; columns in blocks of 24 (padded with zero trits), each two quads of four
-groups of three. Tile p is ``blocks * 320 + 256`` bytes: for block b and sub-tile k, 80 bytes
-at ``320 b + 80 k``:
+groups of three. Tile p is ``blocks * 320 + 256`` bytes; block b's 320 bytes from ``320 b``
+hold, for each sub-tile k:
 
-- 64 index bytes: byte ``4 r + j`` (row ``16 k + r`` of the tile, group j of a quad) holds the
-  index of quad 0's group j in its low nibble and quad 1's in its high nibble;
-- two 64-bit little-endian masks (quad 0, quad 1): bit ``4 r + j`` set where that group's
-  value is the negative of its table entry;
+- 64 index bytes at ``64 k`` (a whole cache line: the kernel's loads never straddle two):
+  byte ``4 r + j`` (row ``16 k + r`` of the tile, group j of a quad) holds the index of quad
+  0's group j in its low nibble and quad 1's in its high nibble;
+- two 64-bit little-endian masks (quad 0, quad 1) at ``256 + 16 k``: bit ``4 r + j`` set
+  where that group's value is the negative of its table entry;
 
 then 64 int32 at ``320 * blocks``: each row's sum of its groups' signs (+1 or -1), which takes
 back :data:`.kernels.LUT_OFFSET`. A token's tables are 128 bytes a quad
@@ -36,7 +37,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .kernels import LUT_BLOCK_BYTES, LUT_BLOCK_COLS, LUT_QUAD_BYTES, LUT_SUB_BYTES, LUT_TILE_ROWS
+from .kernels import (
+    LUT_BLOCK_BYTES,
+    LUT_BLOCK_COLS,
+    LUT_MASKS_AT,
+    LUT_QUAD_BYTES,
+    LUT_TILE_ROWS,
+)
 
 
 @njit(cache=True)
@@ -102,11 +109,12 @@ def _pack(trits, out):
                 neg = n < 13
                 idx = 13 - n if neg else n - 13
                 b, quad, j = g // 8, (g // 4) % 2, g % 4
-                at = b * LUT_BLOCK_BYTES + k * LUT_SUB_BYTES
-                tile[at + 4 * r + j] |= np.uint8(idx << (4 * quad))
+                at = b * LUT_BLOCK_BYTES
+                tile[at + 64 * k + 4 * r + j] |= np.uint8(idx << (4 * quad))
                 if neg:
                     bit = 4 * r + j
-                    tile[at + 64 + 8 * quad + bit // 8] |= np.uint8(1 << (bit % 8))
+                    tile[at + LUT_MASKS_AT + 16 * k + 8 * quad + bit // 8] |= np.uint8(
+                        1 << (bit % 8))
                     total -= 1
                 else:
                     total += 1
