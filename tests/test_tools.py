@@ -4,6 +4,7 @@ tools/bench_revisions.py's report on the tiny model."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,35 @@ def test_bench_containers_ratios_to_the_i2_s_runs_either_side():
             {"decode_tps": 36.0, "anchor_decode_tps": 40.0}]  # 0.90
     assert bc.anchored_ratio({"anchored": runs}, "decode_tps") == pytest.approx(0.90)
     assert bc.anchored_ratio({"anchored": []}, "decode_tps") == 1.0
+
+
+def test_bench_lut3_rounds_anchor_every_run_and_split_the_states(tiny_gguf, tiny_containers):
+    """tools/bench_lut3.py runs each holding between two i2_s runs with i2_s's tokens, leaves
+    out rounds whose i2_s runs disagree, and splits the rest at the widest gap in i2_s's speed."""
+    import bench_lut3 as bl
+
+    models = bl.load_all({"i2_s": tiny_gguf, "tq1_0": tiny_containers["tq1_0"]}, 2)
+    try:
+        assert "tq1_0 stfma" in models
+        runs = bl.run_rounds(models, 2, 3, 10.0, [5, 17, 300], progress=lambda s: None)
+    finally:
+        for m in models.values():
+            m.close()
+    names = [n for n in models if n != "i2_s"]
+    assert [e["name"] for e in runs] == names * 2
+    assert all(e["same"] and e["tps"] > 0 and e["before"] > 0 and e["after"] > 0 for e in runs)
+    for a, b in itertools.pairwise(runs):
+        if a["round"] == b["round"]:
+            assert b["before"] == a["after"]  # the i2_s run between two holdings serves both
+
+    def run(name, tps, before, after):
+        return {"name": name, "tps": tps, "before": before, "after": after, "same": True}
+
+    made = [run("x", 33, 30, 30), run("x", 36, 31, 33), run("x", 42, 45, 47),
+            run("x", 99, 30, 45)]  # the last: the speed changed inside the round
+    summary, split = bl.summarize(made, 0.15)
+    assert 32 < split < 45
+    s = summary["x"]
+    assert (s["runs"], s["kept"], s["slow_n"], s["fast_n"]) == (4, 3, 2, 1)
+    assert s["fast"] == pytest.approx(42 / 46) and s["slow"] == pytest.approx((1.1 + 36 / 32) / 2)
+

@@ -63,8 +63,8 @@ pairs of 16 rows and four groups, for the low bytes and again for the high bytes
 instructions for 384 trits (0.042 a trit), plus the tables' loads. In cache it runs about as
 fast as i2_s's kernel; from memory it reads 16 % fewer bytes, and with tiles of 64 rows
 interleaved block by block (one stream, prefetched 16 KB ahead into L2) it streams faster than
-i2_s's two-row kernel does. The whole model, and why the cpu backend holds tq1_0 and iq1_bn as
-lut3 tiles only when asked (`BITFORMAT_CPU_LUT3=1`): next section.
+i2_s's two-row kernel does. The whole model, and where the cpu backend holds tq1_0 and iq1_bn
+as lut3 tiles: "lut3 tiles for tq1_0 and iq1_bn" below.
 """
 
 

@@ -8,8 +8,8 @@ into it and a sign: 5 bits for three trits, 1.67 bits a weight, against i2_s's 2
 bits) and iq1_bn (1.625) hold their trits in base-3 digits, which cost 2.5x i2_s's vector
 instructions to take apart (docs/benchmarks.md, "Base-3 digits against 2-bit codes"); this
 layout takes no digits apart and reads fewer bytes than i2_s's. The cpu backend repacks their
-matrices into it at load where asked (``BITFORMAT_CPU_LUT3=1``, :data:`.backend.LUT3_ROWS`
-says why it is not the default).
+matrices into it at load on VBMI CPUs without AMX (:data:`.backend.LUT3_ROWS`;
+``BITFORMAT_CPU_LUT3`` overrides it).
 
 Layout (built by :func:`pack`): rows in tiles of 64 (:data:`.kernels.LUT_TILE_ROWS`), four
 sub-tiles of 16; columns in blocks of 24 (padded with zero trits), each two quads of four
