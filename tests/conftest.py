@@ -60,17 +60,10 @@ def lut3_models(tiny_containers):
     """tq1_0 and iq1_bn loaded on the cpu backend as lut3 tiles (BITFORMAT_CPU_LUT3=1; where
     the CPU has VNNI and VBMI, else as the default holds them)."""
     from bitformat.runtime import load
-    from bitformat.runtime.cpu.backend import LUT3_ENV
+    from bitformat.runtime.cpu.backend import lut3_setting
 
-    before = os.environ.get(LUT3_ENV)
-    os.environ[LUT3_ENV] = "1"
-    try:
+    with lut3_setting("1"):
         models = {fid: load(tiny_containers[fid], backend="cpu") for fid in ("tq1_0", "iq1_bn")}
-    finally:
-        if before is None:
-            del os.environ[LUT3_ENV]
-        else:
-            os.environ[LUT3_ENV] = before
     yield models
     for m in models.values():
         m.close()

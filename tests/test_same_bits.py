@@ -11,8 +11,6 @@ this machine runs (vnni, avx2, portable) and both ways of running a rans file.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import replace
 
 import numpy as np
@@ -21,6 +19,7 @@ import pytest
 from bitformat.container import convert
 from bitformat.formats import FORMAT_IDS
 from bitformat.runtime import load
+from bitformat.runtime.cpu.backend import lut3_setting
 from bitformat.runtime.cpu.kernels import ENV_VAR, KERNEL_BUILDS, builds_here
 from bitformat.synth import PRESETS, synth
 
@@ -52,23 +51,6 @@ def wide_containers(tmp_path_factory):
     return _containers(WIDE, tmp_path_factory)
 
 
-@contextlib.contextmanager
-def _lut3(on: bool):
-    """BITFORMAT_CPU_LUT3 while loading: 1 where ``on`` (tq1_0, iq1_bn as lut3 tiles where
-    the CPU has VBMI), else 0 (stfma rows, whatever this CPU's default)."""
-    from bitformat.runtime.cpu.backend import LUT3_ENV
-
-    before = os.environ.get(LUT3_ENV)
-    os.environ[LUT3_ENV] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[LUT3_ENV]
-        else:
-            os.environ[LUT3_ENV] = before
-
-
 def _runs(paths, backend: str) -> dict[tuple, object]:
     """What each container gives: ``(fid, what) -> logits or tokens``. rans runs both ways
     on the cpu backend (decoded at load into 2-bit rows, and decoded inside the kernels), and
@@ -84,7 +66,8 @@ def _runs(paths, backend: str) -> dict[tuple, object]:
         for extra in variants:
             key = (fid, *extra.values())
             kw = {k: v for k, v in extra.items() if k != "lut3"}
-            with _lut3(extra.get("lut3", False)), load(path, backend=backend, **kw) as m:
+            with lut3_setting("1" if extra.get("lut3") else "0"), load(
+                    path, backend=backend, **kw) as m:
                 out[key, "logits"] = m.logits(PROMPT)
                 out[key, "greedy"] = m.generate(PROMPT, max_new_tokens=8, stop_ids=[]).tokens
                 out[key, "sampled"] = m.generate(PROMPT, max_new_tokens=8, stop_ids=[],

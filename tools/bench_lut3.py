@@ -25,9 +25,7 @@ and a plot of every run's ratio against i2_s's speed into docs/lut3-rounds.png.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -49,33 +47,18 @@ PLOT = ROOT / "docs" / "lut3-rounds.png"
 HOLDINGS = {"lut3": "1", "stfma": "0"}
 
 
-@contextlib.contextmanager
-def lut3_env(value: str):
-    """BITFORMAT_CPU_LUT3 set to ``value`` while a model loads."""
-    from bitformat.runtime.cpu.backend import LUT3_ENV
-
-    before = os.environ.get(LUT3_ENV)
-    os.environ[LUT3_ENV] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[LUT3_ENV]
-        else:
-            os.environ[LUT3_ENV] = before
-
-
 def load_all(paths: dict[str, Path], threads: int) -> dict[str, object]:
     """``{"i2_s": model, "<fid> <holding>": model}``; a holding the CPU cannot give is left
     out (lut3 tiles need AVX-512 VBMI and the vnni build)."""
     from bitformat.runtime import load
+    from bitformat.runtime.cpu.backend import lut3_setting
 
     models = {"i2_s": load(paths["i2_s"], backend="cpu", threads=threads)}
     for fid, path in paths.items():
         if fid == "i2_s":
             continue
         for holding, value in HOLDINGS.items():
-            with lut3_env(value):
+            with lut3_setting(value):
                 m = load(path, backend="cpu", threads=threads)
             held = m.net.blocks[0].proj["attn_q"].encoding
             if held != holding:

@@ -17,6 +17,7 @@ and one-token attention run as compiled steps too (:mod:`.ops`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -116,6 +117,21 @@ def lut3_wanted(amx: bool) -> bool:
                            f"VBMI), 0 (never) or auto (where it has VBMI and no AMX), got "
                            f"{value!r:.20}")
     return value == "1" or (value in ("", "auto") and not amx)
+
+
+@contextlib.contextmanager
+def lut3_setting(value: str):
+    """``BITFORMAT_CPU_LUT3`` set to ``value`` while the block runs (a backend made inside it
+    holds tq1_0 and iq1_bn by it: :func:`lut3_wanted`), as it was after."""
+    before = os.environ.get(LUT3_ENV)
+    os.environ[LUT3_ENV] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[LUT3_ENV]
+        else:
+            os.environ[LUT3_ENV] = before
 
 
 def _padded_bytes(shape: tuple[int, int]) -> int:
