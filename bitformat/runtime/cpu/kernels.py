@@ -1280,9 +1280,10 @@ def lut3_rows(W, p, tb, s, ws, rows, out, dots):
 
     One token prefetches :data:`LUT_PREFETCH` bytes ahead of the block it reads. Several
     tokens pass over the tile two at a time (a sub-tile's indices and signs made once for
-    both), from cache after the first pass, and pass i of P prefetches the i-th of P shares of
-    the next tile (the one a thread's run of tiles takes next), so the memory streams during
-    every pass."""
+    both), from cache after the first pass, and pass i of P prefetches from the i-th of P
+    shares of the next tile (the one a thread's run of tiles takes next), so the memory
+    streams during every pass: a line a block, which covers the share where P is 5 or more
+    (10 tokens; fewer passes leave the rest to the hardware prefetcher)."""
     L, nb, T, n = W.shape[1], W.shape[1] // LUT_BLOCK_BYTES, out.shape[0], tb.shape[1]
     w0 = p * L
     if T == 1:
