@@ -120,7 +120,7 @@ def test_bench_containers_ratios_to_the_i2_s_runs_either_side():
 
 def test_bench_lut3_rounds_anchor_every_run_and_split_the_states(tiny_gguf, tiny_containers):
     """tools/bench_lut3.py runs each holding between two i2_s runs with i2_s's tokens, leaves
-    out rounds whose i2_s runs disagree, and splits the rest at the widest gap in i2_s's speed."""
+    out rounds whose i2_s runs disagree, and splits the rest at the middle of i2_s's speeds."""
     import bench_lut3 as bl
 
     models = bl.load_all({"i2_s": tiny_gguf, "tq1_0": tiny_containers["tq1_0"]}, 2)

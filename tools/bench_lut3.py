@@ -108,26 +108,36 @@ def run_rounds(models: dict, rounds: int, tokens: int, max_others: float,
     return out
 
 
+def anchor(e: dict) -> float:
+    """Run ``e``'s i2_s speed: the mean of the i2_s runs either side of it."""
+    return (e["before"] + e["after"]) / 2
+
+
+def steady(e: dict, max_spread: float) -> bool:
+    """Whether run ``e``'s two i2_s runs differ by at most ``max_spread`` of the slower (the
+    machine kept its speed through the round)."""
+    return abs(e["before"] - e["after"]) <= max_spread * min(e["before"], e["after"])
+
+
 def split_speed(runs: list[dict]) -> float:
     """The i2_s speed that splits the runs into the machine's slower and faster states: the
     middle of the range of their anchor speeds (the mean of a run's two i2_s runs)."""
-    speeds = [(e["before"] + e["after"]) / 2 for e in runs]
+    speeds = [anchor(e) for e in runs]
     return (min(speeds) + max(speeds)) / 2
 
 
 def summarize(runs: list[dict], max_spread: float) -> tuple[dict[str, dict], float]:
     """Per holding: ratios kept, their median, and the medians of the slower and faster runs
     (:func:`split_speed`)."""
-    kept = [e for e in runs
-            if abs(e["before"] - e["after"]) <= max_spread * min(e["before"], e["after"])]
+    kept = [e for e in runs if steady(e, max_spread)]
     split = split_speed(kept or runs)
     out = {}
     for name in dict.fromkeys(e["name"] for e in runs):
         mine = [e for e in kept if e["name"] == name]
-        anchor = [(e["before"] + e["after"]) / 2 for e in mine]
-        ratio = [e["tps"] / x for e, x in zip(mine, anchor, strict=True)]
-        fast = [q for q, x in zip(ratio, anchor, strict=True) if x > split]
-        slow = [q for q, x in zip(ratio, anchor, strict=True) if x <= split]
+        speed = [anchor(e) for e in mine]
+        ratio = [e["tps"] / x for e, x in zip(mine, speed, strict=True)]
+        fast = [q for q, x in zip(ratio, speed, strict=True) if x > split]
+        slow = [q for q, x in zip(ratio, speed, strict=True) if x <= split]
 
         def med(v):
             return statistics.median(v) if v else None
@@ -148,7 +158,7 @@ def render(a, summary: dict, split: float, runs: list[dict], seconds: float) -> 
     def rng(v):
         return "" if v is None else f", {v[0]:.2f}-{v[1]:.2f}"
 
-    anchors = [(e["before"] + e["after"]) / 2 for e in runs]
+    anchors = [anchor(e) for e in runs]
     lines = [f"## {SECTION}", "",
              f"Command: `python tools/bench_lut3.py --model {Path(a.model).name} --containers "
              f"{a.containers} --rounds {a.rounds} --tokens {a.tokens} --threads {a.threads}`. "
@@ -182,9 +192,8 @@ def plot(runs: list[dict], split: float, max_spread: float) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for name in dict.fromkeys(e["name"] for e in runs):
-        mine = [e for e in runs if e["name"] == name
-                and abs(e["before"] - e["after"]) <= max_spread * min(e["before"], e["after"])]
-        xs = [(e["before"] + e["after"]) / 2 for e in mine]
+        mine = [e for e in runs if e["name"] == name and steady(e, max_spread)]
+        xs = [anchor(e) for e in mine]
         ys = [e["tps"] / x for e, x in zip(mine, xs, strict=True)]
         ax.scatter(xs, ys, s=18, label=name, marker="o" if name.endswith("lut3") else "x")
     ax.axhline(1.0, color="gray", lw=0.8)
