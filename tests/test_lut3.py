@@ -77,6 +77,30 @@ def test_tables_hold_each_combination_of_three_activations():
 
 
 @needs_vbmi
+@pytest.mark.parametrize("cols", [100, 2560, 6912])
+def test_row_tables_only_read_the_row_the_threads_share(cols):
+    """The one-call step's threads each make their own tables from one shared row of int8
+    activations (decode._tables), so making them must not write that row: numba refuses to
+    compile a write to a read-only array. They are lut3_tables' bytes."""
+    from numba import njit
+
+    @njit
+    def row_tables(xp, cols, tb):
+        K.lut3_row_tables(xp, cols, tb)
+
+    rng = np.random.default_rng(2)
+    q = rng.integers(-127, 128, (1, cols)).astype(np.int8)
+    want = np.empty((1, L3.table_bytes(cols)), np.uint8)
+    K.lut3_tables(q, want)
+    xp = np.zeros(K.lut3_padded(cols), np.int8)
+    xp[:cols] = q[0]
+    xp.setflags(write=False)
+    got = np.empty(L3.table_bytes(cols), np.uint8)
+    row_tables(xp, cols, got)
+    np.testing.assert_array_equal(got, want[0])
+
+
+@needs_vbmi
 @pytest.mark.parametrize("rows,cols,T", [(64, 2560, 1), (130, 100, 3), (5, 7, 1),
                                          (640, 6912, 2), (3840, 2560, 1), (200, 300, 16)])
 def test_matvec_gives_exact_products_and_the_2bit_epilogue(rows, cols, T):

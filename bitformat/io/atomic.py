@@ -77,8 +77,8 @@ def checkpoint(moment: str) -> None:
         moment = f"tensor:{_counts[moment]}"
     if want == moment:
         print(f"bitformat: paused at {moment} ({PAUSE_VAR})", file=sys.stderr, flush=True)
-        while True:
-            time.sleep(3600)
+        while True:  # short sleeps: a signal taken by another thread (numba's workers) still
+            time.sleep(0.05)  # reaches the main thread's handler within one of them
 
 
 # -- locks and strays -----------------------------------------------------------------------------

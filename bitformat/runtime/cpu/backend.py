@@ -100,10 +100,11 @@ ONE_SCALE_ROWS = ("tq2_0", "tq1_0", "q2_0", "iq2_bn", "iq1_bn", "colpack_u32")
 #: (:mod:`.lut3`: 1.67 bits a weight, a table lookup per three trits) instead of stfma rows
 #: (2 bits) where the CPU has AVX-512 VBMI: by default where it has no AMX, whose tiles run a
 #: prompt and a batched step of stfma rows (``BITFORMAT_CPU_LUT3``: ``1`` wherever VBMI is,
-#: ``0`` never). On a 2-core AMD EPYC (VBMI, no AMX) they decode 2B-4T at 1.01-1.11x i2_s's
-#: speed where the step is bound by memory (0.90-1.00x where it is not) and prefill at
-#: 0.97-1.08x, a prompt's tokens passing over a tile two at a time (docs/benchmarks.md, "lut3
-#: tiles for tq1_0 and iq1_bn").
+#: ``0`` never). On a 2-core AMD EPYC (VBMI, no AMX) they decode 2B-4T at 1.07x (tq1_0) and
+#: 1.06x (iq1_bn) of i2_s's speed over 30 interleaved rounds, 1.03-1.04x in the rounds where
+#: the step is not bound by memory, and prefill at 1.08-1.09x, a prompt's tokens passing over
+#: a tile two at a time (docs/benchmarks.md, "lut3 tiles for tq1_0 and iq1_bn" and "lut3
+#: against i2_s, round by round").
 LUT3_ROWS = ("tq1_0", "iq1_bn")
 LUT3_ENV = "BITFORMAT_CPU_LUT3"
 

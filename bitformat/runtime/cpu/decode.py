@@ -40,8 +40,11 @@ from .kernels import (
     KIND_LUT3,
     LUT_TILE_ROWS,
     _dot2_vnni_pair,
+    _lut3_token_tables,
+    lut3_padded,
+    lut3_row_tables,
     lut3_rows,
-    lut3_tables,
+    lut3_zero_padding,
 )
 from .lut3 import table_bytes
 from .ops import (
@@ -168,9 +171,9 @@ def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, t
     width = max(dim, hidden)
     bpr = _widest_row(mats)
     x = np.empty(width, np.float32)
-    q8 = np.empty((1, width), np.int8)
+    q8 = np.empty((1, lut3_padded(width)), np.int8)  # lut3 tables read whole blocks
     xg = np.empty(4 * bpr, np.int8)  # the slot layout, for the bytes per row of the next matrix
-    tb = np.empty(table_bytes(width), np.uint8)  # or the tables of lut3 tiles
+    tb = np.empty((threads, table_bytes(width)), np.uint8)  # or each thread's lut3 tables
     y = np.empty(mats[0, QKV, ROWS], np.float32)
     o = np.empty(dim, np.float32)
     gu = np.empty(2 * hidden, np.float32)
@@ -182,7 +185,7 @@ def _decode_row(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, t
     sync = np.zeros((PHASES_PER_LAYER * mats.shape[0] + 1, SYNC_WIDTH), np.int64)
     for _t in prange(threads):
         _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, hrow[0], x, q8,
-              xg, tb, y, o, gu, sq, qr, parts, sync, threads, least)
+              xg, tb[_t], y, o, gu, sq, qr, parts, sync, threads, least)
 
 
 #: phases of :func:`_step` per layer (and one after the last)
@@ -193,7 +196,8 @@ PHASES_PER_LAYER = 10
 def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q8, xg, tb, y,
           o, gu, sq, qr, parts, sync, threads, least):
     """One thread's part of :func:`decode_row`: every phase in order, serial ones where this
-    thread is first to claim them."""
+    thread is first to claim them. ``tb`` is this thread's own: for lut3 tiles each thread
+    makes the tables of the activations itself (:func:`_tables`)."""
     dim = h.shape[0]
     KV, d = kc.shape[2], 2 * cos.shape[0]
     H = heads
@@ -213,6 +217,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          np.intp(QKV), lane, sq)
             finish(sync, ph)
         wait_done(sync, ph, 1)
+        _tables(mats, layer, np.intp(QKV), q8, dim, tb)
         _matvec(buf, mats, layer, np.intp(QKV), xg, tb, sq, ws, y, sync, ph + 1, threads,
                 least)
         kl, vl = kc[layer], vc[layer]
@@ -241,6 +246,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          np.intp(OUT), lane, sq)
             finish(sync, ph + 4)
         wait_done(sync, ph + 4, 1)
+        _tables(mats, layer, np.intp(OUT), q8, dim, tb)
         _matvec(buf, mats, layer, np.intp(OUT), xg, tb, sq, ws, y, sync, ph + 5, threads,
                 least)
         # FFN
@@ -251,6 +257,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          np.intp(GATE_UP), lane, sq)
             finish(sync, ph + 6)
         wait_done(sync, ph + 6, 1)
+        _tables(mats, layer, np.intp(GATE_UP), q8, dim, tb)
         _matvec(buf, mats, layer, np.intp(GATE_UP), xg, tb, sq, ws, gu, sync, ph + 7, threads,
                 least)
         if serial(sync, ph + 8):
@@ -261,6 +268,7 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
                          layer, np.intp(DOWN), lane, sq)
             finish(sync, ph + 8)
         wait_done(sync, ph + 8, 1)
+        _tables(mats, layer, np.intp(DOWN), q8, hidden, tb)
         _matvec(buf, mats, layer, np.intp(DOWN), xg, tb, sq, ws, y, sync, ph + 9, threads,
                 least)
         ph += PHASES_PER_LAYER
@@ -273,19 +281,30 @@ def _step(buf, mats, ws, gains, eps, lane, heads, kc, vc, pos, cos, sin, h, x, q
 @njit(cache=True, error_model="numpy")
 def _activations(v, gain, eps, x, q8, xg, tb, mats, layer, which, lane, sq):
     """Norm ``v`` with ``gain``, quantize it to int8 and lay it out for the next mat-vec,
-    matrix ``which`` of ``layer``: in slots (``xg``) for 2-bit rows, as tables (``tb``) for
-    lut3 tiles; ``sq`` gets the scale and the sum of the int8 values (exact in float32: at most
-    127 * cols < 2**24)."""
+    matrix ``which`` of ``layer``: in slots (``xg``) for 2-bit rows (lut3 tiles read ``q8``
+    itself, :func:`_tables`); ``sq`` gets the scale and the sum of the int8 values (exact in
+    float32: at most 127 * cols < 2**24)."""
     cols = v.shape[0]
     _norm_row(v, gain, eps, x[:cols])
     sq[0] = _quantize_row(x[:cols], q8, 0)
     sq[1] = np.float32(_sum(q8[:, :cols], 0))
     if mats[layer, which, KIND] == KIND_LUT3:
-        n = table_bytes(cols)
-        lut3_tables(q8[:, :cols], tb[:n].reshape((1, n)))
+        lut3_zero_padding(q8[0], cols)  # here, in the serial phase: q8 is shared
     else:
         bpr = mats[layer, which, BPR]
         _slots(q8[:, :cols], lane, cols, xg[:4 * bpr].reshape((1, 4, bpr)))
+
+
+@njit(inline="always")
+def _tables(mats, layer, which, q8, cols, tb):
+    """For lut3 tiles, this thread's tables of the ``cols`` activations ``q8`` into its own
+    ``tb``: every thread makes them after the serial phase, rather than one thread in it
+    while the others wait and then read them from its cache (docs/benchmarks.md, "lut3's
+    tables, made by each thread"). It reads ``q8`` and writes only ``tb``, so a thread that
+    gets here late (after the others have done the mat-vec and moved on to later phases,
+    which rewrite ``q8``) harms nothing: its tables are wrong, and it finds no tiles left."""
+    if mats[layer, which, KIND] == KIND_LUT3:
+        lut3_row_tables(q8[0], cols, tb)
 
 
 #: the fewest bytes of weights a thread takes at a time in a mat-vec phase of :func:`_step`
@@ -500,22 +519,23 @@ def _step_rows_vnni(buf, mats, ws, gains, eps, lane, heads, kaddr, vaddr, lens, 
     dim = h.shape[1]
     f32eps = np.float32(eps)
     x = np.empty(max(dim, g.shape[1]), np.float32)
+    xp = np.empty(lut3_padded(max(dim, g.shape[1])), np.int8)  # a token's row, for its tables
     ph = 0
     for layer in range(mats.shape[0]):
         _norm_tokens(h, y, layer > 0, gains[layer, 0, :dim], f32eps, q8, s, x, sync, ph)
-        _tokens_matvec(buf, mats, layer, np.intp(QKV), q8, lane, xg, tb, corr, s, ws, y, sync,
+        _tokens_matvec(buf, mats, layer, np.intp(QKV), q8, lane, xg, tb, xp, corr, s, ws, y, sync,
                        ph + 1, threads, least)
         _attend_tokens(y, o, heads, kaddr, vaddr, lens, pos, proto, cos, sin, KV, d, layer,
                        sync, ph + 3)
         _norm_tokens(o, y, False, gains[layer, 1, :dim], f32eps, q8, s, x, sync, ph + 5)
-        _tokens_matvec(buf, mats, layer, np.intp(OUT), q8, lane, xg, tb, corr, s, ws, y, sync,
+        _tokens_matvec(buf, mats, layer, np.intp(OUT), q8, lane, xg, tb, xp, corr, s, ws, y, sync,
                        ph + 6, threads, least)
         # FFN
         _norm_tokens(h, y, True, gains[layer, 2, :dim], f32eps, q8, s, x, sync, ph + 8)
-        _tokens_matvec(buf, mats, layer, np.intp(GATE_UP), q8, lane, xg, tb, corr, s, ws, gu,
+        _tokens_matvec(buf, mats, layer, np.intp(GATE_UP), q8, lane, xg, tb, xp, corr, s, ws, gu,
                        sync, ph + 9, threads, least)
         _glu_tokens(gu, g, gains[layer, 3], f32eps, q8h, s, x, sync, ph + 11)
-        _tokens_matvec(buf, mats, layer, np.intp(DOWN), q8h, lane, xg, tb, corr, s, ws, y,
+        _tokens_matvec(buf, mats, layer, np.intp(DOWN), q8h, lane, xg, tb, xp, corr, s, ws, y,
                        sync, ph + 12, threads, least)
         ph += PHASES_PER_ROWS_LAYER
     _add_tokens(h, y, sync, ph)
@@ -647,20 +667,24 @@ def _amx_matvec(buf, mats, layer, which, q, lane, xg, xb, cfg, corr, s, ws, out,
 
 
 @njit(cache=True, error_model="numpy")
-def _tokens_matvec(buf, mats, layer, which, q, lane, xg, tb, corr, s, ws, out, sync, ph,
+def _tokens_matvec(buf, mats, layer, which, q, lane, xg, tb, xp, corr, s, ws, out, sync, ph,
                    threads, least):
     """Phases ``ph`` (serial: every token's slot layout and sum) and ``ph + 1``:
     :func:`.batch.mm2_vnni_tokens` of matrix ``which`` into ``out`` [T, rows] (the same kernel
     and bits), its row pairs taken guided as :func:`_matvec`'s; for lut3 tiles every token's
-    tables, then :func:`_lut3_matvec`."""
+    tables (a token at a time, shared out between the threads: ``xp`` is this thread's row
+    scratch), then :func:`_lut3_matvec`."""
     T, cols = q.shape
     if mats[layer, which, KIND] == KIND_LUT3:
         n = table_bytes(cols)
         TB = tb.reshape(-1)[:T * n].reshape((T, n))
-        if serial(sync, ph):
-            lut3_tables(q, TB)
+        while True:
+            t = claim(sync, ph)
+            if t >= T:
+                break
+            _lut3_token_tables(q, t, TB, xp)
             finish(sync, ph)
-        wait_done(sync, ph, 1)
+        wait_done(sync, ph, T)
         _lut3_matvec(buf, mats, layer, which, TB, s, ws, out, sync, ph + 1, threads, least)
         return
     W = _weight(buf, mats, layer, which)

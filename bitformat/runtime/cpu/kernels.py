@@ -1231,29 +1231,50 @@ def _lut3_tile_codegen(lines, ntok, w, tb, out):
 
 
 @njit(inline="always")
+def lut3_padded(cols):
+    """Bytes :func:`lut3_row_tables` reads of a row of ``cols`` int8 activations held in
+    place: its whole blocks, zero past ``cols``, and 4 bytes more (read, never used)."""
+    return (cols + LUT_BLOCK_COLS - 1) // LUT_BLOCK_COLS * LUT_BLOCK_COLS + 4
+
+
+@njit(inline="always")
+def lut3_zero_padding(xp, cols):
+    """Zero the row ``xp`` of ``cols`` activations past ``cols`` to the end of its last block,
+    so that its tables (:func:`lut3_row_tables`) depend on the activations alone."""
+    xp[cols:lut3_padded(cols) - 4] = 0
+
+
+@njit(inline="always")
+def lut3_row_tables(xp, cols, tb):
+    """The tables ``tb`` of the ``cols`` int8 activations at the start of ``xp``, which holds
+    :func:`lut3_padded` bytes, zeroed past ``cols`` (:func:`lut3_zero_padding`). It only reads
+    ``xp``: the one-call step's threads each make their own tables from one shared row."""
+    _lut3_tables(xp, 0, tb, 0, (lut3_padded(cols) - 4) // 12)
+
+
+@njit(inline="always")
 def _lut3_token_tables(q, t, tb, xp):
-    """Token t's tables into ``tb[t]`` (``xp``: int8 scratch of 12 * quads + 16, zero past
-    ``cols``)."""
-    xp[:q.shape[1]] = q[t]
-    _lut3_tables(xp, 0, tb[t], 0, tb.shape[1] // LUT_QUAD_BYTES)
+    """Token t's tables into ``tb[t]`` (``xp``: int8 scratch of ``lut3_padded(cols)``)."""
+    cols = q.shape[1]
+    xp[:cols] = q[t]
+    lut3_zero_padding(xp, cols)
+    lut3_row_tables(xp, cols, tb[t])
 
 
 @njit(cache=True)
 def lut3_tables(q, tb):
     """Every token's tables: ``q`` int8 [T, cols] -> ``tb`` uint8 [T, quads * 128]
     (:func:`_lut3_tables`), columns past ``cols`` taken as zero."""
-    xp = np.zeros(12 * (tb.shape[1] // LUT_QUAD_BYTES) + 16, np.int8)
+    xp = np.empty(lut3_padded(q.shape[1]), np.int8)
     for t in range(q.shape[0]):
         _lut3_token_tables(q, t, tb, xp)
 
 
 @njit(cache=True, parallel=True)
 def lut3_tables_tokens(q, tb):
-    """:func:`lut3_tables` with the tokens shared out between the threads (a prompt's; the
-    one-call decode steps make theirs in a serial phase with :func:`lut3_tables`)."""
+    """:func:`lut3_tables` with the tokens shared out between the threads (a prompt's)."""
     for t in prange(q.shape[0]):
-        _lut3_token_tables(q, t, tb, np.zeros(12 * (tb.shape[1] // LUT_QUAD_BYTES) + 16,
-                                              np.int8))
+        _lut3_token_tables(q, t, tb, np.empty(lut3_padded(q.shape[1]), np.int8))
 
 
 #: the tile kernel for one token (prefetching a whole block ahead), for one token of several
