@@ -292,3 +292,112 @@ def test_the_rounding_term_is_load_bearing(devices, lanes, max_binding):
     blo, bhi = EH.bounds_numpy(bare, xq, par)  # no rounding term (and no int8 error: none)
     assert ((got < blo[0]) | (got > bhi[0])).any()
     assert Head(be, "screened", check=True).select(x, [Sampler()]) == [int(np.argmax(got))]
+
+
+# -- the screened head's greedy step on the device --------------------------------------------
+def device_argmax(logits: np.ndarray) -> int:
+    """The device's greedy choice: the largest logit, the lowest id among equal ones, NaN never
+    (0 where every logit is NaN)."""
+    ok = ~np.isnan(logits)
+    if not ok.any():
+        return 0
+    return int(np.flatnonzero(ok & (logits == logits[ok].max()))[0])
+
+
+def run_device_step(be, x: np.ndarray, cap: int):
+    """One greedy step of the screened head on the device (GpuScreenedHead.step_dispatches)
+    for hidden state ``x``: ``(lo, hi, token, count, candidate ids)``."""
+    sh, dev, V = be._screen(), be.dev, be.vocab
+    if not hasattr(be, "_step_bufs"):
+        be._step_bufs = (dev.buffer(8 * be.head.n_parts, "parts"), dev.buffer(4 * V, "logits"),
+                         dev.buffer(16, "result"), dev.buffer(16, "state"))
+    step = sh.step_dispatches(*be._step_bufs, cap=cap)
+    dev.write(be.xf, np.ascontiguousarray(x, np.float32))
+    dev.run([*step.items, step.argmax])
+    lh = np.frombuffer(dev.read(sh.lh, 8 * V), np.float32).reshape(V, 2)
+    r = np.frombuffer(dev.read(be._step_bufs[2], 16), np.uint32)
+    n = int(r[2])
+    ids = np.frombuffer(dev.read(sh.cand, 4 * (cap + 1)), np.uint32)[1: 1 + min(n, cap)]
+    return lh[:, 0], lh[:, 1], int(r[0]), n, np.sort(ids)
+
+
+@pytest.mark.parametrize("lanes,max_binding", CONFIGS)
+@pytest.mark.parametrize("gtype,dim", [("F16", 256), ("BF16", 200), ("F32", 72)])
+def test_device_step_bounds_hold_and_choose_the_full_heads_token(devices, lanes, max_binding,
+                                                                  gtype, dim):
+    """The float32 bounds the device computes itself hold for every row (the device's own
+    full-head logits lie inside them), are at most 2 % wider than the host's float64 ones,
+    list exactly the rows whose upper bound reaches the largest lower bound, and give the
+    full head's token; where the bound does not hold (x zero, not finite, logits that could
+    overflow) or the candidates exceed the cap, the full head runs on the device instead."""
+    from bitformat.runtime.wgpu.head import NONE
+
+    rng = np.random.default_rng(dim)
+    V = 1500
+    E = rng.standard_normal((V, dim)) * 0.05
+    E[:, 3] *= 8  # a few large columns: column scales
+    E[9] = E[10]  # two equal rows: a tie
+    be = wgpu_head_backend(devices(lanes, max_binding), E, gtype)
+    t = be.screen_tables()
+    hs = [rng.standard_normal(dim) * s for s in (1, 1e-3, 40, 1e-15)]
+    spiky = rng.standard_normal(dim)
+    spiky[[2, 50]] = [300, -900]
+    hs.append(spiky)
+    sub = rng.standard_normal(dim)
+    sub[::3] = 1e-39  # f32 subnormals
+    hs.append(sub)
+    hs = np.asarray(hs, np.float32)
+    for x in hs:
+        lo, hi, token, n, ids = run_device_step(be, x, 2048)
+        got = be.lm_head(x[None])[0]
+        assert ((lo <= got) & (got <= hi)).all()
+        hlo, hhi = be.head_bounds(t, *t.prepare(x[None]))
+        assert ((hi - lo) <= (hhi[0] - hlo[0]) * 1.02).all()
+        assert np.array_equal(ids, np.flatnonzero(hi >= lo.max())) and n == ids.size
+        assert token == device_argmax(got)
+    tie = np.zeros(dim, np.float32)
+    tie[0] = 1.0
+    _, _, token, n, ids = run_device_step(be, tie, 2048)
+    got = be.lm_head(tie[None])[0]
+    assert token == device_argmax(got) and token in ids
+    nan = hs[0].copy()
+    nan[5] = np.nan
+    for x in (np.zeros(dim, np.float32), nan, hs[0] * np.float32(1e37)):
+        _, _, token, n, _ = run_device_step(be, x, 2048)
+        assert n == NONE and token == device_argmax(be.lm_head(x[None])[0])
+    for cap in (0, 1):  # more candidates than the cap: the full head's argmax
+        _, _, token, n, _ = run_device_step(be, hs[0], cap)
+        assert n > cap or cap == 1
+        assert token == device_argmax(be.lm_head(hs[0][None])[0])
+
+
+def test_greedy_screened_steps_stay_on_the_device(wgpu_models):
+    """Greedy decoding with the screened head runs its whole step on the device (no hidden
+    state back to the host): the full head's tokens on every container, its candidates
+    counted; with a cap of 0 candidates every step runs the full head there instead."""
+    for fid, m in wgpu_models.items():
+        net = m.net
+        assert net.screen is not None and net._screening, fid
+        assert net.dispatches_per_token == (len(net._seq(1, head=False, argmax=0))
+                                            + len(net.screen.items) + 1)
+        screened = net.head
+        cap = net.screen.cap
+        try:
+            for prompt in ([1, 2, 3], list(range(30, 100))):
+                net.head = Head(m.backend, "screened")
+                got = m.generate(prompt, 24, stop_ids=()).tokens
+                st = net.head.stats
+                assert st.steps == st.screened_rows == 24 and not st.fallbacks, fid
+                assert st.head_bytes < st.steps * st.full_bytes
+                net.head = Head(m.backend, "full")
+                assert m.generate(prompt, 24, stop_ids=()).tokens == got, (fid, prompt)
+            want = m.generate([1, 2, 3], 8, stop_ids=()).tokens  # (the full head)
+            net.head = Head(m.backend, "screened")
+            net.screen = m.backend._screen().step_dispatches(
+                net.head_parts, net.logits, net.result, net.state, cap=0)
+            assert m.generate([1, 2, 3], 8, stop_ids=()).tokens == want, fid
+            assert net.head.stats.fallbacks == {"more than 0 candidates": 8}
+        finally:
+            net.head = screened
+            net.screen = m.backend._screen().step_dispatches(
+                net.head_parts, net.logits, net.result, net.state, cap=cap)

@@ -423,21 +423,25 @@ class GpuEmbedding:
         _, rpw = self.dev.head_shape()
         return sum(-(-n // rpw) for _, n, _ in self.chunks)
 
-    def head_dispatches(self, x: Any, logits: Any, parts: Any = None) -> list[Dispatch]:
+    def head_dispatches(self, x: Any, logits: Any, parts: Any = None, *,
+                        gate: tuple[Any, int] | None = None) -> list[Dispatch]:
         """The head's logits of ``x`` into ``logits``, one dispatch per chunk: with subgroups
         ``lm_head_step.wgsl`` (which also writes each workgroup's largest logit into
-        ``parts``, :attr:`n_parts` pairs), else ``lm_head.wgsl``."""
+        ``parts``, :attr:`n_parts` pairs), else ``lm_head.wgsl``. ``gate``: (the screened
+        head's candidate list, its capacity): the rows are computed only where the screen did
+        not hold (lm_head_step.wgsl, GATE)."""
         dev, out = self.dev, []
         if dev.subgroups:
             lpr, rpw = dev.head_shape()
             if parts is None:
                 parts = dev.buffer(8 * self.n_parts, f"{self.name}.maxima")
+            g, cap = gate if gate is not None else (dev.scratch, 0)
             pbase = 0
             for r0, n, buf in self.chunks:
                 k = dev.kernel("lm_head_step", ROWS=n, DIM=self.dim, DTYPE=self.dtype,
-                               RPW=rpw, LPR=lpr)
+                               RPW=rpw, LPR=lpr, GATE=int(gate is not None), CAP=cap)
                 p = dev.uniform(np.array([r0, pbase, 0, 0], np.uint32))
-                out.append(Dispatch("lm_head", k, dev.bind(k, x, buf, p, logits, parts),
+                out.append(Dispatch("lm_head", k, dev.bind(k, x, buf, p, logits, parts, g),
                                     dev.grid(-(-n // rpw)),
                                     n * self.row_bytes + 4 * self.dim))
                 pbase += -(-n // rpw)

@@ -64,9 +64,14 @@ BINDINGS: dict[str, tuple[str, ...]] = {
     "attn_merge": ("read", "read", "storage"),
     "kv_write": ("read", "storage", "storage", "read", "read", "read"),
     "embed_step": ("read", "uniform", "read", "storage"),
-    "lm_head_step": ("x", "read", "uniform", "storage", "storage"),
+    "lm_head_step": ("x", "read", "uniform", "storage", "storage", "read"),
     "lm_head_rows_step": ("x", "read", "uniform", "storage", "read"),
     "argmax_step": ("read", "storage", "storage"),
+    # the screened head's greedy step on the device (head.py: GpuScreenedHead.step_dispatches)
+    "screen_prep": ("read", "read", "storage", "storage", "storage"),
+    "screen_step": ("x", "read", "uniform", "storage", "read", "storage"),
+    "screen_pick": ("read", "read", "storage"),
+    "argmax_screen": ("read", "read", "read", "storage", "storage"),
 }
 
 _X_TYPES = {  # (X_SPACE, X_TYPE, XF_TYPE) per variant

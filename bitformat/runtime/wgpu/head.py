@@ -22,6 +22,7 @@ mode undefined and allows subnormals to be flushed (:func:`flushed_norms`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,10 @@ from .. import head as EH
 from .device import UNIFORM_WORDS, Dispatch, GpuDevice
 
 WG = 64
+#: the most candidates the device's greedy screened step lists (more: the full head runs)
+CAP = 2048
+#: argmax_screen.wgsl's candidate count where the screen did not hold at all
+NONE = 0xFFFFFFFF
 #: the device's unit roundoff as the bound assumes it: one ulp (2^-23), which covers
 #: round-to-nearest (2^-24) and the directed roundings Vulkan also allows
 UNIT = 2.0 ** -23
@@ -56,6 +61,25 @@ def flushed_norms(rows: np.ndarray, gtype: GGMLType, values: np.ndarray | None =
         e = np.where(np.abs(e) < lim, e, 0.0) * icols
         out[v0: v0 + block] = np.sqrt((e * e).sum(axis=1))
     return out
+
+
+def _f32_up(v: Any) -> np.ndarray:
+    """float64 values as float32, rounded up (never below the value)."""
+    v = np.asarray(v, np.float64)
+    f = v.astype(np.float32)
+    return np.where(f.astype(np.float64) < v, np.nextafter(f, np.float32(np.inf)), f)
+
+
+@dataclass
+class ScreenStep:
+    """The screened head's part of a greedy decode step (:meth:`GpuScreenedHead.step_dispatches`):
+    ``items`` after the final norm, then ``argmax`` (the token into ``result`` only) or
+    ``argmax_step`` (and the step state)."""
+
+    items: list[Dispatch]
+    argmax: Dispatch
+    argmax_step: Dispatch
+    cap: int
 
 
 class GpuScreenedHead:
@@ -92,9 +116,12 @@ class GpuScreenedHead:
         self.xq = dev.buffer(4 * UNIFORM_WORDS, "screen.xq", uniform=True)
         self.sums = dev.buffer(8 * V, "screen.sums")
         self.screen: list[Dispatch] = []
+        self._codes: list[Any] = []  # each chunk's codes
+        self._step: ScreenStep | None = None
         for r0 in range(0, V, step):
             n = min(V, r0 + step) - r0
             buf = dev.upload(signed[r0: r0 + n], f"screen.codes[{r0}:{r0 + n}]")
+            self._codes.append(buf)
             k = dev.kernel("screen", ROWS=n, W4=self.w4, LANES=dev.lanes)
             p = dev.uniform(np.array([r0, 0, 0, 0], np.uint32))
             self.screen.append(Dispatch("screen", k, dev.bind(k, self.xq, buf, p, self.sums),
@@ -115,6 +142,76 @@ class GpuScreenedHead:
         for r0, n, buf in head.chunks:
             p = dev.buffer(16, f"head_rows.params[{r0}]", uniform=True)
             self.rows.append((r0, n, p, dev.bind(self.kr, xf, buf, p, self.out, self.ids)))
+
+    def step_dispatches(self, head_parts: Any, logits: Any, result: Any, state: Any, *,
+                        cap: int = CAP) -> ScreenStep:
+        """The greedy decode step's head on the device (docs/exact-head.md, "The screened head
+        on the device"): after the final norm has written ``xf``, these dispatches choose
+        the full head's argmax without the hidden state leaving the device.
+
+        ``screen_prep`` splits x into the screen's two int8 vectors and bounds its norms;
+        ``screen_step`` (per chunk of the int8 rows) turns every row's integer sums into
+        float32 bounds and keeps the largest lower bound; ``screen_pick`` lists the rows
+        whose upper bound reaches it (at most ``cap``); ``lm_head_rows_step`` (CAND) computes
+        their logits with the full head's per-row arithmetic; ``lm_head_step`` (GATE) runs
+        the full head only where the screen did not hold (x not finite, logits that could
+        overflow, more than ``cap`` candidates); ``argmax_screen`` takes the argmax of
+        whichever ran into ``result`` ([row, logit bits, candidate count]) and, for the
+        ``STEP`` variant, the state. The float32 bounds are the host's float64 ones widened
+        by their own rounding (the kernels' headers)."""
+        dev, t, head = self.dev, self.tables, self.head
+        V, dim = head.vocab, head.dim
+        if self._step is not None and self._step.cap == cap:
+            return self._step
+        up = _f32_up
+        n = dim + 2  # roundings of a sum of dim squares in any order, and one to spare
+        gamma = n * UNIT / (1 - n * UNIT)
+        cols = np.ones(dim, np.float32) if t.cols is None else t.cols.astype(np.float32)
+        rows = np.zeros((V, 4), np.float32)
+        rows[:, 0] = t.scale.astype(np.float32)  # (its rounding is in the bound)
+        rows[:, 1], rows[:, 2] = up(t.A), up(t.N)
+        self.lh = dev.buffer(8 * V, "screen.bounds")
+        self.sp = dev.buffer(32, "screen.params")
+        self.cand = dev.buffer(4 * (cap + 1), "screen.candidates")
+        self.cand_logits = dev.buffer(4 * max(cap, 1), "screen.candidate_logits")
+        rtab = dev.upload(rows, "screen.row_terms")
+        cbuf = dev.upload(cols, "screen.column_scales")
+        k = dev.kernel("screen_prep", DIM=dim, W4=self.w4,
+                       KS=float(up(1 / (1 - gamma) * (1 + 2.0 ** -18))),
+                       SQN=float(up(math.sqrt(dim))), ENORM=float(up(t.max_enorm)))
+        items = [Dispatch("screen", k, dev.bind(k, self.xf, cbuf, self.xq, self.sp, self.cand),
+                          (1, 1, 1), 8 * dim, label="screen_prep")]
+        slack = float(up(t.absolute_slack()))
+        step_rows = max(1, dev.max_binding // self.width)
+        for i, r0 in enumerate(range(0, V, step_rows)):
+            nr = min(V, r0 + step_rows) - r0
+            k = dev.kernel("screen_step", ROWS=nr, W4=self.w4, LANES=dev.lanes, SLACK=slack)
+            p = dev.uniform(np.array([r0, 0, 0, 0], np.uint32))
+            items.append(Dispatch("screen", k, dev.bind(k, self.xq, self._codes[i], p, self.lh,
+                                                        rtab, self.sp),
+                                  dev.grid(math.ceil(nr / (WG // dev.lanes))),
+                                  nr * (self.width + 16) + 2 * self.width, label="screen"))
+        k = dev.kernel("screen_pick", V=V, CAP=cap)
+        items.append(Dispatch("screen", k, dev.bind(k, self.lh, self.sp, self.cand),
+                              dev.grid(math.ceil(V / 256)), 8 * V, label="screen_pick"))
+        lpr, rpw = dev.head_shape()
+        kc = dev.kernel("lm_head_rows_step", DIM=dim, DTYPE=head.dtype, RPW=rpw, LPR=lpr,
+                        CAND=1, CAP=cap)
+        for r0, nr, buf in head.chunks:
+            p = dev.uniform(np.array([r0, nr, 0, 0], np.uint32))
+            items.append(Dispatch("lm_head", kc, dev.bind(kc, self.xf, buf, p, self.cand_logits,
+                                                          self.cand),
+                                  dev.grid(max(1, math.ceil(cap / rpw))), 4 * cap,
+                                  label="lm_head_rows"))
+        items += head.head_dispatches(self.xf, logits, head_parts, gate=(self.cand, cap))
+        argmax = []
+        for st in (0, 1):
+            k = dev.kernel("argmax_screen", N=head.n_parts, CAP=cap, STEP=st)
+            argmax.append(Dispatch("argmax", k, dev.bind(k, self.cand_logits, self.cand,
+                                                         head_parts, result, state),
+                                   (1, 1, 1), 8 * head.n_parts, label="argmax"))
+        self._step = ScreenStep(items, argmax[0], argmax[1], cap)
+        return self._step
 
     @staticmethod
     def depth(dim: int) -> int:

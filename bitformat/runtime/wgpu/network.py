@@ -49,6 +49,8 @@ from ..models.base import ModelArgs
 from ..sampling import Sampler
 from .backend import GpuMatrix, WgpuBackend, fused_subs
 from .device import Dispatch
+from .head import CAP as SCREEN_CAP
+from .head import NONE as SCREEN_NONE
 
 #: attention runs: at least SPLIT positions each, up to SPAR runs while a run would exceed
 #: SPLIT, at most CMAX positions a run (attn_merge.wgsl)
@@ -194,7 +196,7 @@ class WgpuBitNet:
         self.cs = dev.upload(np.concatenate([np.cos(ang), np.sin(ang)], axis=1), "cos_sin")
         self.logits_stage = dev.staging(f32 * a.vocab_size, "logits.read")
         self.result_stage = dev.staging(8, "argmax.read")
-        self.ring = [dev.staging(8, f"token.read.{i}") for i in range(RING)]
+        self.ring = [dev.staging(16, f"token.read.{i}") for i in range(RING)]
         self._ring_at = 0
         self.trace = False
         self.trace_log: list[list[TraceEntry]] = []
@@ -205,6 +207,15 @@ class WgpuBitNet:
         self._names = {e.name for e in backend.model.entries}
         self._embed = backend.embedding.embed_dispatches(self.state, self.h)
         self.prog = self._build(trace=False)
+        #: the screened head's greedy step on the device (GpuScreenedHead.step_dispatches):
+        #: head "screened" where the backend has its tables; tuning ``screen_cap=N`` lists at
+        #: most N candidates (0: the full head runs every step, for tests and comparisons)
+        self.screen = None
+        self.last_candidates = 0
+        if self.head.mode == "screened" and not self.head.unavailable:
+            self.screen = backend._screen().step_dispatches(
+                self.head_parts, self.logits, self.result, self.state,
+                cap=int(dev.tuning.get("screen_cap", SCREEN_CAP)))
         self._traced: _Program | None = None
         self._batch: _Batch | None | bool = None  # built on the first prompt (False: cannot)
 
@@ -525,9 +536,20 @@ class WgpuBitNet:
             seq[i] = (p, g, x, s, z)
         seq.append(prog.norm.raw)
         if head:
-            seq += [d.raw for d in prog.head]
-            if argmax:
-                seq.append((prog.argmax_step if argmax == 2 else prog.argmax).raw)
+            seq += self._head_seq(argmax)
+        return seq
+
+    def _head_seq(self, argmax: int) -> list[tuple]:
+        """The head's raw dispatches after the final norm (``argmax`` as :meth:`_seq`): with
+        the screened head on the device (:attr:`screen`) wherever the argmax is taken."""
+        prog = self._program()
+        if argmax and self._screening:
+            sc = self.screen
+            return [*(d.raw for d in sc.items),
+                    (sc.argmax_step if argmax == 2 else sc.argmax).raw]
+        seq = [d.raw for d in prog.head]
+        if argmax:
+            seq.append((prog.argmax_step if argmax == 2 else prog.argmax).raw)
         return seq
 
     def _submit(self, token: int | None, pos: int, *, head: bool, argmax: int,
@@ -620,9 +642,7 @@ class WgpuBitNet:
                 parts.append((self.hb, 4 * (n - 1) * dim, self.h, 0, 4 * dim))
                 tail = [prog.norm.raw]
                 if head:
-                    tail += [d.raw for d in prog.head]
-                    if argmax:
-                        tail.append((prog.argmax_step if argmax == 2 else prog.argmax).raw)
+                    tail += self._head_seq(argmax)
                 parts += [tail, *copies]
             index = self.dev.submit([self.dev.encode_parts(parts)])
             self.host_seconds += time.perf_counter() - t0
@@ -660,8 +680,11 @@ class WgpuBitNet:
         return self._ring_at
 
     def _read_slot(self, slot: int, after: int = 0) -> int:
-        """The token id in ring slot ``slot``, once submission ``after`` is done."""
-        return int(np.frombuffer(self.dev.map_read(self.ring[slot], 4, after), np.uint32)[0])
+        """The token id in ring slot ``slot``, once submission ``after`` is done (the screened
+        head's candidate count goes to :attr:`last_candidates`)."""
+        r = np.frombuffer(self.dev.map_read(self.ring[slot], 12, after), np.uint32)
+        self.last_candidates = int(r[2])
+        return int(r[0])
 
     def forward_argmax(self, tokens: Sequence[int], cache: GpuKVCache) -> int:
         """Run ``tokens``; the argmax of the last logits, computed on the GPU (4 bytes back)."""
@@ -669,7 +692,7 @@ class WgpuBitNet:
         t0 = time.perf_counter()
         slot = self._slot()
         index = self._prompt(ids, cache, argmax=1,
-                             copies=[(self.result, 0, self.ring[slot], 0, 8)])
+                             copies=[(self.result, 0, self.ring[slot], 0, 16)])
         token = self._read_slot(slot, index)
         cache.length += ids.size
         self.last_step_seconds = time.perf_counter() - t0
@@ -690,12 +713,12 @@ class WgpuBitNet:
         else:
             cur = _Pending(cache, cache.length + ids.size - 1, self._slot())
             cur.index = self._prompt(ids, cache, argmax=2,
-                                     copies=[(self.result, 0, self.ring[cur.slot], 0, 8)])
+                                     copies=[(self.result, 0, self.ring[cur.slot], 0, 16)])
         self._pending = None
         if cur.pos + 1 < cache.max_len:
             nxt = _Pending(cache, cur.pos + 1, self._slot())
             nxt.index = self._submit(None, nxt.pos, head=True, argmax=2,
-                                     copies=[(self.result, 0, self.ring[nxt.slot], 0, 8)])
+                                     copies=[(self.result, 0, self.ring[nxt.slot], 0, 16)])
             self._pending = nxt
         # tuning wait_all=1: wait for the whole queue as wgpu-py's map does (for comparisons)
         token = self._read_slot(cur.slot, 0 if self.dev.tuning.get("wait_all") else cur.index)
@@ -734,7 +757,12 @@ class WgpuBitNet:
             raise RequestError("the wgpu backend runs one sequence at a time")
         seg, sampler = segments[0], samplers[0]
         head = self.head
+        greedy = sampler.params.greedy and sampler.penalized_ids().size == 0
         if head.mode == "screened" and not head.unavailable:
+            if greedy and self._screening and not head.check:
+                token = self.greedy(seg.tokens, seg.cache)
+                self._screen_stats(self.last_candidates)
+                return [token]
             return head.select(self.forward_hidden([seg]), [sampler])
         st = head.stats  # the full head, as Head._full counts it
         st.steps += 1
@@ -742,9 +770,36 @@ class WgpuBitNet:
         st.head_bytes += head.full_bytes
         if head.unavailable:
             st.fallbacks[head.unavailable] += 1
-        if sampler.params.greedy and sampler.penalized_ids().size == 0:
+        if greedy:
             return [self.greedy(seg.tokens, seg.cache)]
         return [sampler.pick(self.forward(seg.tokens, seg.cache)[-1])]
+
+    @property
+    def _screening(self) -> bool:
+        """Whether greedy steps take the screened head's device step (:attr:`screen`): the
+        head is screened and has it (a test may swap :attr:`head` for a full one)."""
+        return (self.screen is not None and self.head.mode == "screened"
+                and not self.head.unavailable)
+
+    def _screen_stats(self, n: int) -> None:
+        """Count a greedy step of the screened head on the device as :class:`..head.Head`
+        counts its own: ``n`` candidates, or the reason the full head ran."""
+        head, st = self.head, self.head.stats
+        st.steps += 1
+        st.rows += 1
+        st.head_bytes += head.tables.nbytes
+        if n == SCREEN_NONE:
+            st.head_bytes += head.full_bytes
+            st.fallbacks["hidden state not finite or logits could overflow"] += 1
+        elif n > self.screen.cap:
+            st.head_bytes += head.full_bytes
+            st.fallbacks[f"more than {self.screen.cap} candidates"] += 1
+        else:
+            st.screened_rows += 1
+            st.screen_bits = head.tables.bits
+            st.candidates.append(n)
+            st.rescored.append(n)
+            st.head_bytes += n * self.be.head.row_bytes
 
     def generate_greedy(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
         """Greedy tokens after ``prompt``, argmax on the GPU, one step in flight ahead."""
@@ -793,7 +848,7 @@ class WgpuBitNet:
                 t0 = time.perf_counter()
                 slot = self._slot()
                 self._submit(token, length - 1, head=True, argmax=1,
-                             copies=[(self.result, 0, self.ring[slot], 0, 8)])
+                             copies=[(self.result, 0, self.ring[slot], 0, 16)])
                 self._read_slot(slot)
                 walls.append(time.perf_counter() - t0)
         finally:
