@@ -336,6 +336,7 @@ def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: i
                          dict[str, Any] | None]:
     """The same on the GPU; class seconds are one profiled step at the mean length. The
     screened head's steps run after the profile (None where the head cannot screen)."""
+    from .runtime.head import Head
     from .runtime.wgpu.backend import WgpuBackend
     from .runtime.wgpu.network import WgpuBitNet
 
@@ -344,6 +345,8 @@ def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: i
     net = WgpuBitNet(_args(model), WgpuBackend(model, device=dev, context=n, decode=decode),
                      head="screened", kv_type=kv_cache)
     load_s = time.perf_counter() - t0
+    screened_head = net.head
+    net.head = Head(net.be, "full")  # the full head's steps and profile first
     cache = net.new_cache(n)
     tok = net.greedy(prompt, cache)
     tok = net.greedy([tok], cache)  # warm-up
@@ -363,8 +366,21 @@ def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: i
     prof["dispatches_per_token"] = net.dispatches_per_token
     prof["fused"] = net.dev.fused
     prof["host_us_per_token"] = net.host_seconds / max(1, net.host_steps) * 1e6
+    net.head = screened_head
     screened = None if net.head.unavailable else _run_screened(net, prompt, tokens, out)
+    if screened is not None and net.screening():
+        # greedy steps took the screened head's choice on the device, inside the step (no
+        # Head.select to time): its kernels' share of one profiled step instead
+        sp = net.profile(length=min(length, n), token=tok, repeats=repeats)
+        screened["head_ms"] = sum(v["seconds"] for k, v in sp["labels"].items()
+                                  if k in SCREEN_STEP_LABELS) * 1e3
+        screened["on_device"] = True
     return secs, wall, out, load_s, prof, screened
+
+
+#: the profile labels of the screened head's device step (runtime/wgpu/head.py)
+SCREEN_STEP_LABELS = ("screen_prep", "screen", "screen_pick", "lm_head_rows", "lm_head_gated",
+                      "argmax")
 
 
 def run_bench(path: str | os.PathLike, backend: str = "cpu",

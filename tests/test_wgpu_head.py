@@ -377,7 +377,7 @@ def test_greedy_screened_steps_stay_on_the_device(wgpu_models):
     counted; with a cap of 0 candidates every step runs the full head there instead."""
     for fid, m in wgpu_models.items():
         net = m.net
-        assert net.screen is not None and net._screening, fid
+        assert net.screen is not None and net.screening(), fid
         assert net.dispatches_per_token == (len(net._seq(1, head=False, argmax=0))
                                             + len(net.screen.items) + 1)
         screened = net.head

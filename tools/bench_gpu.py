@@ -52,9 +52,14 @@ def rounds(m, n_tokens: int, n_rounds: int, head: str) -> dict:
         toks.append(r.tokens)
         if getattr(m.net, "host_steps", 0):
             host.append(m.net.host_seconds / m.net.host_steps * 1e6)
+    st = m.net.head.stats.as_dict()  # candidates and fallbacks of the screened head
     return {"tok_s": statistics.median(tps), "rounds": tps,
             "same_tokens": all(t == toks[0] for t in toks), "tokens": toks[0],
-            "host_us_per_step": statistics.median(host) if host else None}
+            "host_us_per_step": statistics.median(host) if host else None,
+            "on_device": bool(getattr(m.net, "screen", None) is not None
+                              and head == "screened"),
+            "head_stats": {k: st.get(k) for k in ("candidates_per_step_mean",
+                                                  "candidates_per_step_max", "head_fallbacks")}}
 
 
 def measure(m, a) -> dict:
@@ -78,15 +83,25 @@ def measure(m, a) -> dict:
     b1, i1 = cpu_busy()
     wall = time.perf_counter() - w0
     out["host_cpu_busy_cores"] = ((b1 - b0) - (i1 - i0)) / (os.sysconf("SC_CLK_TCK") * wall)
-    prof = m.net.profile(length=a.length, repeats=5)
-    out["profile"] = {k: prof.get(k) for k in ("clock", "length", "gpu_seconds", "pass_seconds",
-                                               "token_seconds", "dispatches", "weight_bytes")}
-    out["profile"]["kinds"] = {k: {"dispatches": v["dispatches"], "ms": v["seconds"] * 1e3,
-                                   "mb": v["bytes"] / 1e6, "gbps": v["gbps"]}
-                               for k, v in prof["kinds"].items()}
-    out["profile"]["labels"] = {k: {"dispatches": v["dispatches"], "ms": v["seconds"] * 1e3,
-                                    "mb": v["bytes"] / 1e6, "gbps": v["gbps"]}
-                                for k, v in prof.get("labels", {}).items()}
+    out["profile"] = profiled(m, a.length)
+    if not a.no_screened:  # the step with the screened head's greedy choice on the device
+        m.net.head = Head(m.backend, "screened")
+        out["profile_screened"] = profiled(m, a.length)
+        m.net.head = Head(m.backend, "full")
+    return out
+
+
+def profiled(m, length: int) -> dict:
+    """One profiled decode step at ``length`` (``WgpuBitNet.profile``) as JSON."""
+    prof = m.net.profile(length=length, repeats=5)
+    out = {k: prof.get(k) for k in ("clock", "length", "gpu_seconds", "pass_seconds",
+                                    "token_seconds", "dispatches", "weight_bytes")}
+    out["kinds"] = {k: {"dispatches": v["dispatches"], "ms": v["seconds"] * 1e3,
+                        "mb": v["bytes"] / 1e6, "gbps": v["gbps"]}
+                    for k, v in prof["kinds"].items()}
+    out["labels"] = {k: {"dispatches": v["dispatches"], "ms": v["seconds"] * 1e3,
+                         "mb": v["bytes"] / 1e6, "gbps": v["gbps"]}
+                     for k, v in prof.get("labels", {}).items()}
     return out
 
 

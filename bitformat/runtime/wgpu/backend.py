@@ -441,9 +441,11 @@ class GpuEmbedding:
                 k = dev.kernel("lm_head_step", ROWS=n, DIM=self.dim, DTYPE=self.dtype,
                                RPW=rpw, LPR=lpr, GATE=int(gate is not None), CAP=cap)
                 p = dev.uniform(np.array([r0, pbase, 0, 0], np.uint32))
+                # gated: the bytes of a step where the screen held (it reads no row)
                 out.append(Dispatch("lm_head", k, dev.bind(k, x, buf, p, logits, parts, g),
                                     dev.grid(-(-n // rpw)),
-                                    n * self.row_bytes + 4 * self.dim))
+                                    4 if gate else n * self.row_bytes + 4 * self.dim,
+                                    label="lm_head_gated" if gate else ""))
                 pbase += -(-n // rpw)
             return out
         for r0, n, buf in self.chunks:

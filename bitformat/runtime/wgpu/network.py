@@ -212,10 +212,7 @@ class WgpuBitNet:
         #: most N candidates (0: the full head runs every step, for tests and comparisons)
         self.screen = None
         self.last_candidates = 0
-        if self.head.mode == "screened" and not self.head.unavailable:
-            self.screen = backend._screen().step_dispatches(
-                self.head_parts, self.logits, self.result, self.state,
-                cap=int(dev.tuning.get("screen_cap", SCREEN_CAP)))
+        self.screening()  # made now where the head is screened (pipelines compile at load)
         self._traced: _Program | None = None
         self._batch: _Batch | None | bool = None  # built on the first prompt (False: cannot)
 
@@ -543,7 +540,7 @@ class WgpuBitNet:
         """The head's raw dispatches after the final norm (``argmax`` as :meth:`_seq`): with
         the screened head on the device (:attr:`screen`) wherever the argmax is taken."""
         prog = self._program()
-        if argmax and self._screening:
+        if argmax and self.screening():
             sc = self.screen
             return [*(d.raw for d in sc.items),
                     (sc.argmax_step if argmax == 2 else sc.argmax).raw]
@@ -759,7 +756,7 @@ class WgpuBitNet:
         head = self.head
         greedy = sampler.params.greedy and sampler.penalized_ids().size == 0
         if head.mode == "screened" and not head.unavailable:
-            if greedy and self._screening and not head.check:
+            if greedy and self.screening() and not head.check:
                 token = self.greedy(seg.tokens, seg.cache)
                 self._screen_stats(self.last_candidates)
                 return [token]
@@ -774,12 +771,16 @@ class WgpuBitNet:
             return [self.greedy(seg.tokens, seg.cache)]
         return [sampler.pick(self.forward(seg.tokens, seg.cache)[-1])]
 
-    @property
-    def _screening(self) -> bool:
+    def screening(self) -> bool:
         """Whether greedy steps take the screened head's device step (:attr:`screen`): the
-        head is screened and has it (a test may swap :attr:`head` for a full one)."""
-        return (self.screen is not None and self.head.mode == "screened"
-                and not self.head.unavailable)
+        head is screened and has its tables (a caller may swap :attr:`head` for another)."""
+        if self.head.mode != "screened" or self.head.unavailable:
+            return False
+        if self.screen is None:  # (a full head swapped for a screened one: made on first use)
+            self.screen = self.be._screen().step_dispatches(
+                self.head_parts, self.logits, self.result, self.state,
+                cap=int(self.dev.tuning.get("screen_cap", SCREEN_CAP)))
+        return True
 
     def _screen_stats(self, n: int) -> None:
         """Count a greedy step of the screened head on the device as :class:`..head.Head`
@@ -833,8 +834,9 @@ class WgpuBitNet:
         trace, self.trace = self.trace, False
         try:
             prog = self.prog
-            items = [*self._embed, *(d for L in prog.layers for d in L), prog.norm,
-                     *prog.head, prog.argmax]
+            head = ([*self.screen.items, self.screen.argmax] if self.screening()
+                    else [*prog.head, prog.argmax])  # as the greedy step runs it
+            items = [*self._embed, *(d for L in prog.layers for d in L), prog.norm, *head]
             s = splits(length, self.split)
             for i in prog.attention:
                 d = items[i]
