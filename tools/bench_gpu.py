@@ -105,6 +105,19 @@ def profiled(m, length: int) -> dict:
     return out
 
 
+def host_info() -> dict:
+    """The host's CPU model and count, and wgpu-py's version (the report names them)."""
+    import wgpu
+
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cpus": os.cpu_count(), "wgpu": wgpu.__version__}
+
+
 def check_tiny(a) -> int:
     """Every family (tiny presets) and container: GPU greedy tokens == numpy's."""
     import tempfile
@@ -199,7 +212,8 @@ def main() -> None:
     res = {"label": a.label, "model": a.model, "device": dev.name, "info": dev.info,
            "net": type(m.net).__name__, "load_s": load_s, "warmup_s": time.perf_counter() - t0,
            "subgroup_size": getattr(dev, "subgroup_size", None),
-           "dispatches_per_token": getattr(m.net, "dispatches_per_token", None), "configs": {}}
+           "dispatches_per_token": getattr(m.net, "dispatches_per_token", None),
+           "host": host_info(), "configs": {}}
     print(json.dumps({k: v for k, v in res.items() if k != "configs"}), flush=True)
     configs = [""] + [c for c in a.tuning.split(";") if c] if a.tuning else [""]
     net0 = m.net

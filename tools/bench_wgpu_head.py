@@ -98,7 +98,7 @@ def main() -> None:
     x = net.forward_hidden([Segment(prompt, cache)])
     screened = heads["screened"]
     t, parts = screened.tables, {"full": [], "screened": [], "screen": [], "bounds": [],
-                                 "rows": []}
+                                 "rows": [], "device": []}
     items = net.prog.head + [net.prog.argmax]
     for _ in range(a.head_repeat):
         t1 = time.perf_counter()
@@ -108,6 +108,14 @@ def main() -> None:
         t1 = time.perf_counter()
         got = screened.select(x, [Sampler()])[0]
         parts["screened"].append(time.perf_counter() - t1)
+        assert got == want, (got, want)
+        # the screened head's greedy step on the device (WgpuBitNet.screen: what greedy
+        # decoding runs), on the same hidden state (still in the device's x buffer)
+        t1 = time.perf_counter()
+        dev.run([*net.screen.items, net.screen.argmax],
+                [(net.result, 0, net.result_stage, 0, 8)])
+        got = int(np.frombuffer(dev.map_read(net.result_stage, 4), np.uint32)[0])
+        parts["device"].append(time.perf_counter() - t1)
         assert got == want, (got, want)
         # the screened head's parts, once more on their own
         t1 = time.perf_counter()
@@ -221,8 +229,10 @@ def profile_kernels(net, be, length: int, repeats: int = 7) -> dict | None:
     head = [d for d in net.prog.head if isinstance(d, Dispatch)]
     sc = be._screen()
     out = {}
-    for name, items in (("lm_head", head), ("argmax", [net.prog.argmax]),
-                        ("screen", list(sc.screen))):
+    groups = [("lm_head", head), ("argmax", [net.prog.argmax]), ("screen", list(sc.screen))]
+    if net.screen is not None:  # the greedy step on the device: its kernels after the norm
+        groups.append(("device_step", [*net.screen.items, net.screen.argmax]))
+    for name, items in groups:
         secs = np.median(np.array([dev.profile(items)[0] for _ in range(repeats)]), axis=0)
         nbytes = sum(d.nbytes for d in items)
         out[name] = {"dispatches": len(items), "ms": float(secs.sum()) * 1e3, "bytes": nbytes,
@@ -289,8 +299,9 @@ def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_pr
         f"## {SECTION}", "",
         f"Command: `{cmd}` ({model_note}). **No GPU:** the adapter is {device}, Mesa's "
         "Vulkan driver that compiles the WGSL kernels with LLVM and runs them on the CPU, here "
-        "an Intel Xeon with 2 cores shared with other sessions; its \"device memory\" is host "
-        "RAM. Read the times as what llvmpipe's generated code does, not as GPU figures. "
+        f"{host_cpu()} with {os.cpu_count()} cores shared with other sessions; its \"device "
+        "memory\" is host RAM. Read the times as what llvmpipe's generated code does, not as "
+        "GPU figures. "
         f"Other processes took {other:.0%} of the machine's CPU during the timed part.", "",
         f"The head alone, on the final hidden state of a {n_prompt}-token prompt (median of "
         f"{a.head_repeat} interleaved runs, host wall time): full head (`lm_head.wgsl` over "
@@ -299,11 +310,21 @@ def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_pr
         f"**{med['screened']:.1f} ms** ({med['full'] / med['screened']:.2f}x), of which the "
         f"screen with its 8 bytes per row read back {med['screen']:.1f} ms, the float64 "
         f"bounds and candidates on the host {med['bounds']:.1f} ms, the rescoring of the "
-        f"candidates on the device {med['rows']:.1f} ms.", "",
+        f"candidates on the device {med['rows']:.1f} ms. {device_step(med, 1)}", "",
         *rows, "",
         *decode_lines(runs, speed, greedy_c, sampled_c, tables), "",
         NOTE,
     ])
+
+
+def device_step(med: dict, digits: int) -> str:
+    """The sentence on the screened head's greedy step on the device, timed alone."""
+    if not med.get("device"):
+        return ""
+    return (f"The screened head's greedy step on the device (what greedy decoding runs: the "
+            f"int8 split, every row's float32 bounds, the candidates, their logits and the "
+            f"argmax in one submission, 4 bytes back): **{med['device']:.{digits}f} ms** "
+            f"({med['full'] / med['device']:.2f}x the full head's speed).")
 
 
 def host_cpu() -> str:
@@ -347,7 +368,8 @@ def render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, tabl
         f"candidates, rescoring) **{med['screened']:.2f} ms** "
         f"({med['full'] / med['screened']:.2f}x), of which the screen with its read-back "
         f"{med['screen']:.2f} ms, the float64 bounds and candidates on the host "
-        f"{med['bounds']:.2f} ms, the rescoring of the candidates {med['rows']:.2f} ms.", "",
+        f"{med['bounds']:.2f} ms, the rescoring of the candidates {med['rows']:.2f} ms. "
+        f"{device_step(med, 2)}", "",
         *rows, "",
         *decode_lines(runs, speed, greedy_c, sampled_c, tables),
     ]
@@ -356,7 +378,11 @@ def render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, tabl
         krows = ["| kernels | dispatches | GPU ms | MB read | GB/s |", "|---|---|---|---|---|"]
         for key, label in (("lm_head", "full head, `lm_head.wgsl`"),
                            ("argmax", "device argmax, `argmax.wgsl`"),
-                           ("screen", "screen, `screen.wgsl`")):
+                           ("screen", "screen, `screen.wgsl`"),
+                           ("device_step", "screened head's device step (split, bounds, "
+                            "candidates, their logits, argmax)")):
+            if key not in kernels:
+                continue
             k = kernels[key]
             krows.append(f"| {label} | {k['dispatches']} | {k['ms']:.3f} | "
                          f"{k['bytes'] / 1e6:.1f} | {k['gbps']:.0f} |")

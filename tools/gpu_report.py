@@ -83,6 +83,35 @@ def part_ms(r: dict, old: bool | None = None) -> dict[str, float]:
     return out
 
 
+#: the profile labels of the screened head's greedy step on the device, and of the full head
+SCREEN_LABELS = ("screen_prep", "screen", "screen_pick", "lm_head_rows", "lm_head_gated",
+                 "argmax")
+FULL_LABELS = ("lm_head", "argmax")
+
+
+def screened_lines(name: str, r: dict) -> list[str]:
+    """The screened head's greedy step on the device against the full head, from a
+    configuration's ``profile_screened`` (tools/bench_gpu.py; none in older runs)."""
+    ps = r.get("profile_screened")
+    sc = r.get("screened") or {}
+    if not ps or not sc.get("on_device"):
+        return []
+    full = sum(v["ms"] for k, v in r["profile"]["labels"].items() if k in FULL_LABELS)
+    parts = {k: v for k, v in ps["labels"].items() if k in SCREEN_LABELS}
+    dev = sum(v["ms"] for v in parts.values())
+    hs = sc.get("head_stats") or {}
+    return ["", f"The screened head's greedy step on the device (run {name}, default tuning; "
+            f"the same per-dispatch timestamps): its kernels took {dev:.3f} ms against "
+            f"{full:.3f} ms for the full head and its argmax ("
+            + ", ".join(f"{k} {v['ms']:.3f}" for k, v in parts.items())
+            + f"); decode {sc['tok_s']:.1f} tokens/s against {r['full']['tok_s']:.1f} with the "
+            f"full head, {hs.get('candidates_per_step_mean', float('nan')):.1f} candidates a "
+            f"step on average (at most {hs.get('candidates_per_step_max')}), fallbacks to the "
+            f"full head: {hs.get('head_fallbacks') or 'none'}; step in one pass "
+            f"{(ps.get('pass_seconds') or 0) * 1e3:.2f} ms against "
+            f"{(r['profile'].get('pass_seconds') or 0) * 1e3:.2f} ms."]
+
+
 def plot(before: dict, after: dict, path: Path) -> None:
     import matplotlib
 
@@ -136,8 +165,11 @@ def main() -> None:
              f"and the Vulkan loader there; `.base/` holds the code to compare against: "
              f"{' and '.join(bases)}), then `python tools/gpu_report.py --write` from the JSON "
              f"kept in `docs/data/gpu-h200/`. Adapter: **{info['device']}** through "
-             f"{info['backend_type']}, driver {info['description']}, wgpu-py 0.32.0; host: Intel "
-             f"Xeon, 16 CPUs, which run Python and wgpu's command recording. Model: "
+             f"{info['backend_type']}, driver {info['description']}, "
+             f"wgpu-py {a0.get('host', {}).get('wgpu', '0.32.0')}; host: "
+             f"{a0.get('host', {}).get('cpu', 'Intel Xeon')}, "
+             f"{a0.get('host', {}).get('cpus', 16)} CPUs, which run Python and wgpu's command "
+             f"recording. Model: "
              f"`bitformat synth --preset 2b4t` (i2_s, its f16 head a Gaussian 128,256 x 2,560 "
              f"matrix). Each run measured the old and the new code one after the other on one "
              f"machine (where it has a before); every run is a fresh machine of this kind. "
@@ -180,6 +212,7 @@ def main() -> None:
     for k, v in sorted(fa["profile"]["labels"].items(), key=lambda kv: -kv[1]["ms"]):
         lines.append(f"| {k} | {v['dispatches']} | {v['ms']:.3f} | {v['mb']:.1f} | "
                      f"{v['gbps']:.0f} |")
+    lines += screened_lines(names[last], fa)
     old = fb["profile"].get("labels") or fb["profile"]["kinds"]
     lines += ["", "The old step, same run: " + ", ".join(
         f"{k} {v['dispatches']} x = {v['ms']:.3f} ms" for k, v in sorted(
