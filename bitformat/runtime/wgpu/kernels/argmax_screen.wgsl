@@ -24,12 +24,7 @@ override STEP: u32 = 1u;
 @group(0) @binding(3) var<storage, read_write> R: array<u32>;
 @group(0) @binding(4) var<storage, read_write> ST: array<u32>;
 
-var<workgroup> bv: array<f32, 256>;
-var<workgroup> bi: array<u32, 256>;
-
-fn better(w: f32, i: u32, v: f32, k: u32) -> bool {
-    return i != 0xFFFFFFFFu && (k == 0xFFFFFFFFu || w > v || (w == v && i < k));
-}
+//#include argmax_best.wgsl
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) t: u32) {
@@ -55,25 +50,8 @@ fn main(@builtin(local_invocation_index) t: u32) {
             }
         }
     }
-    bv[t] = v;
-    bi[t] = k;
-    workgroupBarrier();
-    for (var o = 128u; o > 0u; o >>= 1u) {
-        if (t < o && better(bv[t + o], bi[t + o], bv[t], bi[t])) {
-            bv[t] = bv[t + o];
-            bi[t] = bi[t + o];
-        }
-        workgroupBarrier();
-    }
+    choose(t, v, k);
     if (t == 0u) {
-        let id = select(bi[0], 0u, bi[0] == 0xFFFFFFFFu);
-        R[0] = id;
-        R[1] = bitcast<u32>(bv[0]);
         R[2] = n;
-        if (STEP == 1u) {
-            ST[0] = id;  // the next step embeds it at the position after the last one run
-            ST[1] = ST[2];
-            ST[2] = ST[2] + 1u;
-        }
     }
 }

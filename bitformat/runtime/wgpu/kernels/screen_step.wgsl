@@ -1,4 +1,4 @@
-// screen_step.wgsl: screen.wgsl's exact integer sums for every row of one chunk of the int8
+// screen_step.wgsl: screen.wgsl's exact integer sums (screen_sums.wgsl) for every row of one chunk of the int8
 // copy of the head, turned into float32 bounds lo <= l_v <= hi on the device (the screened
 // head's greedy decode step, docs/exact-head.md, "The screened head on the device"): the
 // bounds go to LH[v], and each workgroup's largest lo into SP[4] by atomicMax on an
@@ -42,7 +42,8 @@ struct Screen {
 @group(0) @binding(4) var<storage, read> T: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> SP: array<atomic<u32>>;
 
-var<workgroup> red: array<vec2<i32>, 64>;
+//#include screen_sums.wgsl
+
 var<workgroup> top: array<f32, 64>;
 
 // f32 bits -> a u32 that orders as the values do (-0 just below +0)
@@ -56,32 +57,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         @builtin(num_workgroups) nw: vec3<u32>) {
     let r = (wid.x + wid.y * nw.x) * (WG / LANES) + li / LANES;
     let lane = li % LANES;
-    var d1 = 0;
-    var d2 = 0;
-    if (r < ROWS) {
-        let row = r * W4;
-        let half = W4 / 4u;
-        for (var j = lane; j < half; j += LANES) {
-            let b = row + 4u * j;
-            let a = X[j];
-            let q = X[half + j];
-            let c = vec4<u32>(C[b], C[b + 1u], C[b + 2u], C[b + 3u]);
-            d1 += dot4I8Packed(c.x, a.x) + dot4I8Packed(c.y, a.y)
-                + dot4I8Packed(c.z, a.z) + dot4I8Packed(c.w, a.w);
-            d2 += dot4I8Packed(c.x, q.x) + dot4I8Packed(c.y, q.y)
-                + dot4I8Packed(c.z, q.z) + dot4I8Packed(c.w, q.w);
-        }
-    }
-    if (LANES > 1u) {
-        red[li] = vec2<i32>(d1, d2);
-        workgroupBarrier();
-        if (lane == 0u) {
-            for (var l = 1u; l < LANES; l++) {
-                d1 += red[li + l].x;
-                d2 += red[li + l].y;
-            }
-        }
-    }
+    let d = row_sums(r, lane, li);
     var lo = -3.4028234663852886e38;
     if (lane == 0u && r < ROWS) {
         let v = P.row0 + r;
@@ -89,8 +65,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         let p = bitcast<f32>(atomicLoad(&SP[0]));
         let nx = bitcast<f32>(atomicLoad(&SP[1]));
         let ndx = bitcast<f32>(atomicLoad(&SP[2]));
-        let f1 = f32(d1);
-        let f2 = f32(d2);
+        let f1 = f32(d.x);
+        let f2 = f32(d.y);
         let a = t.x * (254.0 * f1 + f2) * p;
         let w = t.x * (254.0 * abs(f1) + abs(f2)) * p;
         let b = (t.y * nx + t.z * ndx + SLACK + w * 3.8146973e-6 + 7.5231638e-37) * 1.0000038;
