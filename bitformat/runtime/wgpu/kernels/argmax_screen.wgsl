@@ -41,14 +41,9 @@ fn main(@builtin(local_invocation_index) t: u32) {
             }
         }
     } else {
-        for (var j = t; j < N; j += 256u) {
-            let p = PT[j];
-            let w = bitcast<f32>(p.x);
-            if (better(w, p.y, v, k)) {
-                v = w;
-                k = p.y;
-            }
-        }
+        let b = parts_best(t);
+        v = bitcast<f32>(b.x);
+        k = b.y;
     }
     choose(t, v, k);
     if (t == 0u) {

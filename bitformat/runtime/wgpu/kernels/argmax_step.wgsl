@@ -20,15 +20,6 @@ override STEP: u32 = 1u;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) t: u32) {
-    var v = -3.4028234663852886e38;
-    var k = 0xFFFFFFFFu;
-    for (var j = t; j < N; j += 256u) {
-        let p = PT[j];
-        let w = bitcast<f32>(p.x);
-        if (better(w, p.y, v, k)) {
-            v = w;
-            k = p.y;
-        }
-    }
-    choose(t, v, k);
+    let b = parts_best(t);
+    choose(t, bitcast<f32>(b.x), b.y);
 }
