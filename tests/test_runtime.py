@@ -16,8 +16,12 @@ logits tolerance, :class:`SharedQuant` makes the second run consume the first ru
 activations: it is the model's ``activation_hook``, records ``(x, q, s)`` of every
 call of the first run, and at each call of the second run compares its own quantization with
 the recorded one. Before quantization the runs must agree: ``|x*s - x'*s'|`` stays below
-``noise`` int8 steps for every value (0 is measured between the backends; float32 attention
-with this random model's large scores gives up to 0.007 between batch and step-wise decoding).
+``noise`` int8 steps for every value. Between the backends the attention differs in float32
+summation order (numpy's BLAS products against the cpu backend's compiled attention), about
+1e-3 int8 steps with an f32 KV cache; with the default f16 cache a key or value that lands on
+either side of an f16 rounding boundary moves it further (3.6e-3 measured with numpy 2.4.6 on
+an AMD EPYC), hence 0.01. Float32 attention with this random model's large scores gives up to
+0.007 between batch and step-wise decoding.
 Every differing ``q`` must be a boundary flip: one step apart, with the ``.5`` between the two
 runs' ``x*s``. Anything else fails the test; flips are counted, and the recorded ``q`` and
 ``s`` are used from then on, so everything downstream compares identical quantized inputs.
@@ -157,7 +161,7 @@ class SharedQuant:
 
 @pytest.mark.parametrize("fid", FORMAT_IDS)
 def test_cpu_logits_match_numpy(tiny, cpu_models, fid, monkeypatch):
-    shared = SharedQuant(monkeypatch, noise=1e-3)
+    shared = SharedQuant(monkeypatch, noise=0.01)
     with load(tiny[fid], backend="numpy") as m:
         want = m.logits(PROMPT)
     shared.replay()
