@@ -40,8 +40,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 SECTION = "Screened LM head on the wgpu backend (2B-4T, lavapipe)"
 GPU_SECTION = "Screened LM head on the wgpu backend (2B-4T, {device})"
 NOTE = ("On llvmpipe the screen is bound by arithmetic, not by bytes: it reads half the f16 "
-        "head's bytes but at a lower rate (two `dot4I8Packed` per code word), so the head gains "
-        "1.5x rather than 2x, and the whole step, dominated by the ternary mat-vecs, less. Two "
+        "head's bytes but at a lower rate (two `dot4I8Packed` per code word), so what the head "
+        "gains depends on the CPU (1.5x on an earlier run's 2-core Intel Xeon), and the whole "
+        "step, dominated by the ternary mat-vecs, gains less. On llvmpipe the device step and "
+        "the host path cost about the same: the screen dominates both. Two "
         "variants of the screen kernel were timed alone on 2B-4T-sized random codes (one run, "
         "same machine): codes interleaved 64 rows per word column, for contiguous loads across "
         "invocations, took 107 ms, and one multiply per code byte against `254 q1 + q2` "
@@ -283,7 +285,8 @@ def decode_lines(runs, speed, greedy_c, sampled_c, tables) -> list[str]:
         f"Candidates rescored per step, greedy: {dist(greedy_c)}; temperature 0.8 + top-k 40: "
         f"{dist(sampled_c)}. The screen's table (int8 codes, scales, bound terms) is "
         f"{tables.nbytes / 1e6:.1f} MB; the head bytes above do not count the "
-        f"{8 * tables.scale.size / 1e6:.1f} MB of integer sums read back per step."]
+        f"{8 * tables.scale.size / 1e6:.1f} MB a step of integer sums read back (sampling, "
+        "on the host path) or of float32 bounds written and read on the device (greedy)."]
 
 
 def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_prompt,
