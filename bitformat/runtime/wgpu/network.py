@@ -135,7 +135,7 @@ class WgpuBitNet:
     """``forward(tokens, cache)`` -> logits like :class:`~..models.base.Transformer`, on the
     GPU, for every family (BitNet 2B-4T and 1bitLLM, Llama, Qwen3).
 
-    ``forward_argmax`` returns the greedy next token id (computed on the device, 4 bytes back);
+    ``forward_argmax`` returns the greedy next token id (computed on the device, 12 bytes back);
     :meth:`decode` with a greedy sampler keeps one step in flight ahead of the caller.
     ``trace = True`` records every activation quantization (:class:`TraceEntry`) into
     ``trace_log``, one list per step, for tests that compare against the CPU path with the
@@ -684,7 +684,7 @@ class WgpuBitNet:
         return int(r[0])
 
     def forward_argmax(self, tokens: Sequence[int], cache: GpuKVCache) -> int:
-        """Run ``tokens``; the argmax of the last logits, computed on the GPU (4 bytes back)."""
+        """Run ``tokens``; the argmax of the last logits, computed on the GPU (12 bytes back)."""
         ids = self._check(tokens, cache)
         t0 = time.perf_counter()
         slot = self._slot()
@@ -745,11 +745,12 @@ class WgpuBitNet:
         """:meth:`~..models.base.Transformer.decode` for one sequence (the GPU holds one KV
         cache).
 
-        The screened head (``head.mode``, docs/exact-head.md) reads the final hidden state
-        back and chooses with :class:`..head.Head` (the int8 screen and the candidate
-        rows run on the device). The full head runs on the device in the step's command
-        buffer: greedy choices without a repetition penalty take the argmax on the GPU (4
-        bytes back, the next step already in flight: :meth:`greedy`), others read the logits."""
+        Greedy choices without a repetition penalty take the argmax on the GPU in the step's
+        command buffer (12 bytes back, the next step already in flight: :meth:`greedy`): the
+        full head's, or with the screened head (``head.mode``, docs/exact-head.md) its whole
+        choice on the device (:attr:`screen`). Other samplers read the logits (full head) or
+        the final hidden state, which :class:`..head.Head` chooses from (the int8 screen and
+        the candidate rows run on the device, the bounds on the host)."""
         if len(segments) != 1:
             raise RequestError("the wgpu backend runs one sequence at a time")
         seg, sampler = segments[0], samplers[0]
