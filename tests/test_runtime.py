@@ -20,8 +20,8 @@ the recorded one. Before quantization the runs must agree: ``|x*s - x'*s'|`` sta
 summation order (numpy's BLAS products against the cpu backend's compiled attention), about
 1e-3 int8 steps with an f32 KV cache; with the default f16 cache a key or value that lands on
 either side of an f16 rounding boundary moves it further (3.6e-3 measured with numpy 2.4.6 and
-the avx2 kernel build, on an AMD EPYC without AVX-512), hence 0.01. Float32 attention with this random model's large scores gives up to
-0.007 between batch and step-wise decoding.
+the avx2 kernel build, on an AMD EPYC without AVX-512), hence 0.01. Float32 attention with
+this random model's large scores gives up to 0.007 between batch and step-wise decoding.
 Every differing ``q`` must be a boundary flip: one step apart, with the ``.5`` between the two
 runs' ``x*s``. Anything else fails the test; flips are counted, and the recorded ``q`` and
 ``s`` are used from then on, so everything downstream compares identical quantized inputs.
