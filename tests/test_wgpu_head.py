@@ -314,10 +314,10 @@ def run_device_step(be, x: np.ndarray, cap: int):
     step = sh.step_dispatches(*be._step_bufs, cap=cap)
     dev.write(be.xf, np.ascontiguousarray(x, np.float32))
     dev.run([*step.items, step.argmax])
-    lh = np.frombuffer(dev.read(sh.lh, 8 * V), np.float32).reshape(V, 2)
+    lh = np.frombuffer(dev.read(step.bounds, 8 * V), np.float32).reshape(V, 2)
     r = np.frombuffer(dev.read(be._step_bufs[2], 16), np.uint32)
     n = int(r[2])
-    ids = np.frombuffer(dev.read(sh.cand, 4 * (cap + 1)), np.uint32)[1: 1 + min(n, cap)]
+    ids = np.frombuffer(dev.read(step.candidates, 4 * (cap + 1)), np.uint32)[1: 1 + min(n, cap)]
     return lh[:, 0], lh[:, 1], int(r[0]), n, np.sort(ids)
 
 
@@ -375,6 +375,7 @@ def test_greedy_screened_steps_stay_on_the_device(wgpu_models):
     """Greedy decoding with the screened head runs its whole step on the device (no hidden
     state back to the host): the full head's tokens on every container, its candidates
     counted; with a cap of 0 candidates every step runs the full head there instead."""
+    from bitformat.runtime.wgpu.network import WgpuBitNet
     for fid, m in wgpu_models.items():
         net = m.net
         assert net.screen is not None and net.screening(), fid
@@ -392,6 +393,11 @@ def test_greedy_screened_steps_stay_on_the_device(wgpu_models):
                 net.head = Head(m.backend, "full")
                 assert m.generate(prompt, 24, stop_ids=()).tokens == got, (fid, prompt)
             want = m.generate([1, 2, 3], 8, stop_ids=()).tokens  # (the full head)
+            # a second network on the same backend gets a step of its own (its own state,
+            # result and maxima buffers), as tools/bench_gpu.py's tuned networks do
+            other = WgpuBitNet(net.args, m.backend, head="screened", kv_type=net.kv_type)
+            assert other.screen is not net.screen and other.screen.items
+            assert other.generate_greedy([1, 2, 3], 8) == want, fid
             net.head = Head(m.backend, "screened")
             net.screen = m.backend._screen().step_dispatches(
                 net.head_parts, net.logits, net.result, net.state, cap=0)

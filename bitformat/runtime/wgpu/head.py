@@ -80,6 +80,8 @@ class ScreenStep:
     argmax: Dispatch
     argmax_step: Dispatch
     cap: int
+    bounds: Any  # (lo, hi) float32 per row (screen_step.wgsl)
+    candidates: Any  # the count, then the ids (screen_pick.wgsl)
 
 
 class GpuScreenedHead:
@@ -117,7 +119,8 @@ class GpuScreenedHead:
         self.sums = dev.buffer(8 * V, "screen.sums")
         self.screen: list[Dispatch] = []
         self._codes: list[Any] = []  # each chunk's codes
-        self._step: ScreenStep | None = None
+        self._steps: dict[tuple, ScreenStep] = {}  # step_dispatches' steps
+        self._terms: tuple[Any, Any] | None = None  # the step's per-row terms, column scales
         for r0 in range(0, V, step):
             n = min(V, r0 + step) - r0
             buf = dev.upload(signed[r0: r0 + n], f"screen.codes[{r0}:{r0 + n}]")
@@ -161,25 +164,28 @@ class GpuScreenedHead:
         by their own rounding (the kernels' headers)."""
         dev, t, head = self.dev, self.tables, self.head
         V, dim = head.vocab, head.dim
-        if self._step is not None and self._step.cap == cap:
-            return self._step
+        key = (cap, head_parts, logits, result, state)  # one step per network and cap
+        if key in self._steps:
+            return self._steps[key]
         up = _f32_up
+        if self._terms is None:  # uploaded once: each row's d, A, N; the column scales
+            cols = np.ones(dim, np.float32) if t.cols is None else t.cols.astype(np.float32)
+            rows = np.zeros((V, 4), np.float32)
+            rows[:, 0] = t.scale.astype(np.float32)  # (its rounding is in the bound)
+            rows[:, 1], rows[:, 2] = up(t.A), up(t.N)
+            self._terms = (dev.upload(rows, "screen.row_terms"),
+                           dev.upload(cols, "screen.column_scales"))
+        rtab, cbuf = self._terms
         n = dim + 2  # roundings of a sum of dim squares in any order, and one to spare
         gamma = n * UNIT / (1 - n * UNIT)
-        cols = np.ones(dim, np.float32) if t.cols is None else t.cols.astype(np.float32)
-        rows = np.zeros((V, 4), np.float32)
-        rows[:, 0] = t.scale.astype(np.float32)  # (its rounding is in the bound)
-        rows[:, 1], rows[:, 2] = up(t.A), up(t.N)
-        self.lh = dev.buffer(8 * V, "screen.bounds")
-        self.sp = dev.buffer(32, "screen.params")
-        self.cand = dev.buffer(4 * (cap + 1), "screen.candidates")
-        self.cand_logits = dev.buffer(4 * max(cap, 1), "screen.candidate_logits")
-        rtab = dev.upload(rows, "screen.row_terms")
-        cbuf = dev.upload(cols, "screen.column_scales")
+        lh = dev.buffer(8 * V, "screen.bounds")
+        sp = dev.buffer(32, "screen.params")
+        cand = dev.buffer(4 * (cap + 1), "screen.candidates")
+        cand_logits = dev.buffer(4 * max(cap, 1), "screen.candidate_logits")
         k = dev.kernel("screen_prep", DIM=dim, W4=self.w4,
                        KS=float(up(1 / (1 - gamma) * (1 + 2.0 ** -18))),
                        SQN=float(up(math.sqrt(dim))), ENORM=float(up(t.max_enorm)))
-        items = [Dispatch("screen", k, dev.bind(k, self.xf, cbuf, self.xq, self.sp, self.cand),
+        items = [Dispatch("screen", k, dev.bind(k, self.xf, cbuf, self.xq, sp, cand),
                           (1, 1, 1), 8 * dim, label="screen_prep")]
         slack = float(up(t.absolute_slack()))
         step_rows = max(1, dev.max_binding // self.width)
@@ -187,31 +193,31 @@ class GpuScreenedHead:
             nr = min(V, r0 + step_rows) - r0
             k = dev.kernel("screen_step", ROWS=nr, W4=self.w4, LANES=dev.lanes, SLACK=slack)
             p = dev.uniform(np.array([r0, 0, 0, 0], np.uint32))
-            items.append(Dispatch("screen", k, dev.bind(k, self.xq, self._codes[i], p, self.lh,
-                                                        rtab, self.sp),
+            items.append(Dispatch("screen", k, dev.bind(k, self.xq, self._codes[i], p, lh,
+                                                        rtab, sp),
                                   dev.grid(math.ceil(nr / (WG // dev.lanes))),
                                   nr * (self.width + 16) + 2 * self.width, label="screen"))
         k = dev.kernel("screen_pick", V=V, CAP=cap)
-        items.append(Dispatch("screen", k, dev.bind(k, self.lh, self.sp, self.cand),
+        items.append(Dispatch("screen", k, dev.bind(k, lh, sp, cand),
                               dev.grid(math.ceil(V / 256)), 8 * V, label="screen_pick"))
         lpr, rpw = dev.head_shape()
         kc = dev.kernel("lm_head_rows_step", DIM=dim, DTYPE=head.dtype, RPW=rpw, LPR=lpr,
                         CAND=1, CAP=cap)
         for r0, nr, buf in head.chunks:
             p = dev.uniform(np.array([r0, nr, 0, 0], np.uint32))
-            items.append(Dispatch("lm_head", kc, dev.bind(kc, self.xf, buf, p, self.cand_logits,
-                                                          self.cand),
+            items.append(Dispatch("lm_head", kc, dev.bind(kc, self.xf, buf, p, cand_logits,
+                                                          cand),
                                   dev.grid(max(1, math.ceil(cap / rpw))), 4 * cap,
                                   label="lm_head_rows"))
-        items += head.head_dispatches(self.xf, logits, head_parts, gate=(self.cand, cap))
+        items += head.head_dispatches(self.xf, logits, head_parts, gate=(cand, cap))
         argmax = []
         for st in (0, 1):
             k = dev.kernel("argmax_screen", N=head.n_parts, CAP=cap, STEP=st)
-            argmax.append(Dispatch("argmax", k, dev.bind(k, self.cand_logits, self.cand,
-                                                         head_parts, result, state),
+            argmax.append(Dispatch("argmax", k, dev.bind(k, cand_logits, cand, head_parts,
+                                                         result, state),
                                    (1, 1, 1), 8 * head.n_parts, label="argmax"))
-        self._step = ScreenStep(items, argmax[0], argmax[1], cap)
-        return self._step
+        self._steps[key] = ScreenStep(items, argmax[0], argmax[1], cap, lh, cand)
+        return self._steps[key]
 
     @staticmethod
     def depth(dim: int) -> int:
