@@ -373,14 +373,10 @@ def _run_wgpu(model: Model, dev: Any, prompt: list[int], tokens: int, repeats: i
         # Head.select to time): its kernels' share of one profiled step instead
         sp = net.profile(length=min(length, n), token=tok, repeats=repeats)
         screened["head_ms"] = sum(v["seconds"] for k, v in sp["labels"].items()
-                                  if k in SCREEN_STEP_LABELS) * 1e3
+                                  if k in net.screen.labels) * 1e3
         screened["on_device"] = True
     return secs, wall, out, load_s, prof, screened
 
-
-#: the profile labels of the screened head's device step (runtime/wgpu/head.py)
-SCREEN_STEP_LABELS = ("screen_prep", "screen", "screen_pick", "lm_head_rows", "lm_head_gated",
-                      "argmax")
 
 
 def run_bench(path: str | os.PathLike, backend: str = "cpu",

@@ -87,6 +87,8 @@ def measure(m, a) -> dict:
     if not a.no_screened:  # the step with the screened head's greedy choice on the device
         m.net.head = Head(m.backend, "screened")
         out["profile_screened"] = profiled(m, a.length)
+        if getattr(m.net, "screen", None) is not None:  # which labels are the head's
+            out["profile_screened"]["head_labels"] = m.net.screen.labels
         m.net.head = Head(m.backend, "full")
     return out
 
@@ -109,13 +111,10 @@ def host_info() -> dict:
     """The host's CPU model and count, and wgpu-py's version (the report names them)."""
     import wgpu
 
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "cpus": os.cpu_count(), "wgpu": wgpu.__version__}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from benchdoc import host_cpu
+
+    return {"cpu": host_cpu(), "cpus": os.cpu_count(), "wgpu": wgpu.__version__}
 
 
 def check_tiny(a) -> int:

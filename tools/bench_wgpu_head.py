@@ -291,6 +291,7 @@ def decode_lines(runs, speed, greedy_c, sampled_c, tables) -> list[str]:
 
 def render(a, device, med, runs, greedy_c, sampled_c, other, heads, tables, n_prompt,
            name) -> str:
+    from benchdoc import host_cpu
 
     model_note = synth_note(name)
     rows = head_table(runs, heads, 3)
@@ -330,18 +331,11 @@ def device_step(med: dict, digits: int) -> str:
             f"({med['full'] / med['device']:.2f}x the full head's speed).")
 
 
-def host_cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        return "?"
-
-
 def render_gpu(a, title, dev, med, runs, greedy_c, sampled_c, other, heads, tables, n_prompt,
                name, kernels) -> str:
     """The section for an adapter other than llvmpipe: its driver, the host, kernel times."""
     import wgpu
+    from benchdoc import host_cpu
 
     info = dev.info
     model_note = synth_note(name)

@@ -7,6 +7,15 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
+def host_cpu() -> str:
+    """The host CPU's model name (/proc/cpuinfo), for a section to name; '?' if unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        return "?"
+
+
 def section_text(doc: Path, title: str) -> str:
     """The ``## title`` section of ``doc`` as it stands, up to the next ``## `` heading; ''
     if there is none."""

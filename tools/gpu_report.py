@@ -83,9 +83,7 @@ def part_ms(r: dict, old: bool | None = None) -> dict[str, float]:
     return out
 
 
-#: the profile labels of the screened head's greedy step on the device, and of the full head
-SCREEN_LABELS = ("screen_prep", "screen", "screen_pick", "lm_head_rows", "lm_head_gated",
-                 "argmax")
+#: the profile labels of the full head (the screened step's are in its JSON: head_labels)
 FULL_LABELS = ("lm_head", "argmax")
 
 
@@ -97,7 +95,7 @@ def screened_lines(name: str, r: dict) -> list[str]:
     if not ps or not sc.get("on_device"):
         return []
     full = sum(v["ms"] for k, v in r["profile"]["labels"].items() if k in FULL_LABELS)
-    parts = {k: v for k, v in ps["labels"].items() if k in SCREEN_LABELS}
+    parts = {k: v for k, v in ps["labels"].items() if k in ps.get("head_labels", ())}
     dev = sum(v["ms"] for v in parts.values())
     hs = sc.get("head_stats") or {}
     return ["", f"The screened head's greedy step on the device (run {name}, default tuning; "

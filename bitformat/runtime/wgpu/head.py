@@ -83,6 +83,12 @@ class ScreenStep:
     bounds: Any  # (lo, hi) float32 per row (screen_step.wgsl)
     candidates: Any  # the count, then the ids (screen_pick.wgsl)
 
+    @property
+    def labels(self) -> list[str]:
+        """The profile labels (``WgpuBitNet.profile``) of its dispatches: the head's share of
+        a profiled step."""
+        return sorted({d.label or d.kind for d in (*self.items, self.argmax)})
+
 
 class GpuScreenedHead:
     """The int8 screen and the candidate rescoring of one head (a ``GpuEmbedding``)."""
@@ -118,13 +124,13 @@ class GpuScreenedHead:
         self.xq = dev.buffer(4 * UNIFORM_WORDS, "screen.xq", uniform=True)
         self.sums = dev.buffer(8 * V, "screen.sums")
         self.screen: list[Dispatch] = []
-        self._codes: list[Any] = []  # each chunk's codes
+        self._chunks: list[tuple[int, int, Any]] = []  # (first row, rows, codes) per chunk
         self._steps: dict[tuple, ScreenStep] = {}  # step_dispatches' steps
         self._terms: tuple[Any, Any] | None = None  # the step's per-row terms, column scales
         for r0 in range(0, V, step):
             n = min(V, r0 + step) - r0
             buf = dev.upload(signed[r0: r0 + n], f"screen.codes[{r0}:{r0 + n}]")
-            self._codes.append(buf)
+            self._chunks.append((r0, n, buf))
             k = dev.kernel("screen", ROWS=n, W4=self.w4, LANES=dev.lanes)
             p = dev.uniform(np.array([r0, 0, 0, 0], np.uint32))
             self.screen.append(Dispatch("screen", k, dev.bind(k, self.xq, buf, p, self.sums),
@@ -188,13 +194,10 @@ class GpuScreenedHead:
         items = [Dispatch("screen", k, dev.bind(k, self.xf, cbuf, self.xq, sp, cand),
                           (1, 1, 1), 8 * dim, label="screen_prep")]
         slack = float(up(t.absolute_slack()))
-        step_rows = max(1, dev.max_binding // self.width)
-        for i, r0 in enumerate(range(0, V, step_rows)):
-            nr = min(V, r0 + step_rows) - r0
+        for r0, nr, codes in self._chunks:  # the same chunks as the host-bounded screen
             k = dev.kernel("screen_step", ROWS=nr, W4=self.w4, LANES=dev.lanes, SLACK=slack)
             p = dev.uniform(np.array([r0, 0, 0, 0], np.uint32))
-            items.append(Dispatch("screen", k, dev.bind(k, self.xq, self._codes[i], p, lh,
-                                                        rtab, sp),
+            items.append(Dispatch("screen", k, dev.bind(k, self.xq, codes, p, lh, rtab, sp),
                                   dev.grid(math.ceil(nr / (WG // dev.lanes))),
                                   nr * (self.width + 16) + 2 * self.width, label="screen"))
         k = dev.kernel("screen_pick", V=V, CAP=cap)

@@ -756,11 +756,11 @@ class WgpuBitNet:
         seg, sampler = segments[0], samplers[0]
         head = self.head
         greedy = sampler.params.greedy and sampler.penalized_ids().size == 0
+        if greedy and not head.check and self.screening():  # the choice on the device
+            token = self.greedy(seg.tokens, seg.cache)
+            self._screen_stats(self.last_candidates)
+            return [token]
         if head.mode == "screened" and not head.unavailable:
-            if greedy and self.screening() and not head.check:
-                token = self.greedy(seg.tokens, seg.cache)
-                self._screen_stats(self.last_candidates)
-                return [token]
             return head.select(self.forward_hidden([seg]), [sampler])
         st = head.stats  # the full head, as Head._full counts it
         st.steps += 1
